@@ -1,0 +1,33 @@
+"""numbasep: depthwise and separable convolutions, forward and gradients, on CPU and CUDA.
+
+The operators take NumPy arrays (computed by Numba on the CPU) or CUDA arrays
+(computed on the GPU) and return the same kind of array. Importing the package
+compiles nothing and does not import the CUDA target.
+"""
+
+from . import config, raw_ops
+from .errors import InvalidArgumentError
+from .ops import (
+    depthwise_conv,
+    depthwise_conv2d_native,
+    depthwise_conv2d_native_backprop_filter,
+    depthwise_conv2d_native_backprop_input,
+    depthwise_conv_grad,
+    separable_conv,
+    separable_conv_grad,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "InvalidArgumentError",
+    "config",
+    "raw_ops",
+    "depthwise_conv",
+    "depthwise_conv2d_native",
+    "depthwise_conv2d_native_backprop_filter",
+    "depthwise_conv2d_native_backprop_input",
+    "depthwise_conv_grad",
+    "separable_conv",
+    "separable_conv_grad",
+]

@@ -1,0 +1,146 @@
+"""The backend registry: which backend computes on which kind of array.
+
+A backend registers a name, a predicate on Python *types* that says which array
+types it owns, and a loader that imports it. The public operators never name a
+backend: they hand their array arguments to :func:`select`, which classifies
+each argument's type once (the answer is memoised per type, so dispatch is a
+dict lookup), insists that all arguments belong to one backend, and loads that
+backend on first use. Classification looks only at a type's attributes and
+module name, so it never imports CuPy, PyTorch or numba's CUDA target.
+
+Built in: ``cpu`` owns NumPy arrays (and Python scalars and sequences, read with
+``numpy.asarray``); ``cuda`` owns objects exposing ``__cuda_array_interface__``
+(numba device arrays, CuPy arrays, PyTorch CUDA tensors) and the CUDA
+simulator's device arrays (``__cuda_ndarray__``).
+
+Examples
+--------
+>>> import numpy as np
+>>> from numbasep import backends
+>>> backends.backend_name(np.zeros(3))
+'cpu'
+>>> be, (x,) = backends.select(x=np.zeros(3))
+>>> be.name
+'cpu'
+"""
+
+import importlib
+
+_registry = []     # (name, owns_type, module path) in priority order
+_by_type = {}      # type -> backend name or None (memo)
+_loaded = {}       # name -> Backend instance
+
+
+def register(name, owns_type, module, first=False):
+    """Register a backend.
+
+    Parameters
+    ----------
+    name : str
+        Short name, e.g. ``"cpu"``.
+    owns_type : callable
+        ``owns_type(t) -> bool`` for a Python type ``t``; must not import heavy modules.
+    module : str
+        Import path of a module with a ``backend()`` function returning the
+        :class:`~numbasep.backends.base.Backend` instance (imported on first use).
+    first : bool
+        Consult this backend before the ones already registered.
+    """
+    entry = (name, owns_type, module)
+    _registry[:] = [e for e in _registry if e[0] != name]
+    if first:
+        _registry.insert(0, entry)
+    else:
+        _registry.append(entry)
+    _by_type.clear()
+    _loaded.pop(name, None)
+
+
+def names():
+    """Names of the registered backends, in the order they are consulted."""
+    return [e[0] for e in _registry]
+
+
+def backend_name(obj):
+    """Name of the backend that owns ``obj``, or None when no backend does."""
+    t = type(obj)
+    try:
+        return _by_type[t]
+    except KeyError:
+        pass
+    found = None
+    for name, owns, _ in _registry:
+        if owns(t):
+            found = name
+            break
+    _by_type[t] = found
+    return found
+
+
+def get(name):
+    """The backend instance called ``name``, importing it on first use."""
+    try:
+        return _loaded[name]
+    except KeyError:
+        pass
+    for n, _, module in _registry:
+        if n == name:
+            be = importlib.import_module(module).backend()
+            _loaded[name] = be
+            return be
+    raise KeyError(f"no backend named {name!r}; registered: {names()}")
+
+
+def _describe(obj):
+    t = type(obj)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def select(**arrays):
+    """Pick the backend for the named array arguments and convert them to its arrays.
+
+    Returns
+    -------
+    backend : Backend
+    natives : tuple
+        The arguments as the backend's own array type, in the order given.
+
+    Raises
+    ------
+    TypeError
+        When an argument's type belongs to no backend, or the arguments belong to
+        different backends.
+    """
+    chosen = None
+    where = []
+    for arg, obj in arrays.items():
+        name = backend_name(obj)
+        if name is None:
+            raise TypeError(
+                f"{arg} is a {_describe(obj)}, which no numbasep backend accepts; "
+                f"supported: NumPy arrays (cpu) and CUDA arrays exposing "
+                f"__cuda_array_interface__ such as numba device arrays, CuPy arrays "
+                f"and PyTorch CUDA tensors (cuda)")
+        where.append((arg, name, obj))
+        if chosen is None:
+            chosen = name
+        elif name != chosen:
+            listing = ", ".join(f"{a} ({_describe(o)}) on {n}" for a, n, o in where)
+            raise TypeError(
+                f"all array arguments must live on one device, got {listing}; move them "
+                f"to one device first (e.g. numba.cuda.to_device or .copy_to_host())")
+    be = get(chosen)
+    return be, tuple(be.prepare(obj, arg) for arg, _, obj in where)
+
+
+def _owns_cpu(t):
+    import numpy as np
+    return issubclass(t, (np.ndarray, np.generic, list, tuple, int, float))
+
+
+def _owns_cuda(t):
+    return hasattr(t, "__cuda_array_interface__") or hasattr(t, "__cuda_ndarray__")
+
+
+register("cpu", _owns_cpu, "numbasep.backends.cpu")
+register("cuda", _owns_cuda, "numbasep.backends.cuda")

@@ -1,0 +1,75 @@
+"""What every backend provides, and the compositions built from its primitives.
+
+A backend implements five primitives on its own array type, each taking a
+validated :class:`numbasep.shapes.Plan` and an optional preallocated result
+(``out``). Array arguments arrive either in ``plan.dtype`` or in its
+accumulation dtype (float32 for the 16-bit formats); ``wide=True`` asks for the
+result in the accumulation dtype, so that the intermediate of a composition is
+rounded only once, at the end. The primitives are:
+depthwise forward, input gradient and filter gradient, and the same three for
+the pointwise (1x1) step. The separable and gradient
+operators are composed here from those primitives; a backend overrides a
+composition only where fusing steps pays.
+"""
+
+
+class Backend:
+    """Base class of the backends registered in :mod:`numbasep.backends`."""
+
+    name = None
+
+    # -- arrays -----------------------------------------------------------------
+    def prepare(self, obj, argname):
+        """Return ``obj`` as this backend's array type without copying data."""
+        raise NotImplementedError
+
+    def shape(self, arr):
+        return tuple(arr.shape)
+
+    def dtype(self, arr):
+        import numpy as np
+        return np.dtype(arr.dtype)
+
+    def check_out(self, out, argname):
+        """Return a user-supplied result array as this backend's array type."""
+        return self.prepare(out, argname)
+
+    def wrap(self, result, like):
+        """Return ``result`` as the kind of array the caller passed (``like``)."""
+        return result
+
+    # -- primitives ---------------------------------------------------------------
+    def depthwise_forward(self, plan, x, w, out=None, wide=False):
+        raise NotImplementedError
+
+    def depthwise_backprop_input(self, plan, dy, w, out=None, wide=False):
+        raise NotImplementedError
+
+    def depthwise_backprop_filter(self, plan, x, dy, out=None, wide=False):
+        raise NotImplementedError
+
+    def pointwise_forward(self, plan, z, pk, out=None, wide=False):
+        raise NotImplementedError
+
+    def pointwise_backprop_input(self, plan, dout, pk, out=None, wide=False):
+        raise NotImplementedError
+
+    def pointwise_backprop_filter(self, plan, z, dout, out=None, wide=False):
+        raise NotImplementedError
+
+    # -- compositions -------------------------------------------------------------
+    def separable_forward(self, plan, x, dk, pk, out=None):
+        z = self.depthwise_forward(plan, x, dk, wide=True)
+        return self.pointwise_forward(plan, z, pk, out)
+
+    def depthwise_grad(self, plan, x, w, dy, dx_out=None, dw_out=None):
+        return (self.depthwise_backprop_input(plan, dy, w, dx_out),
+                self.depthwise_backprop_filter(plan, x, dy, dw_out))
+
+    def separable_grad(self, plan, x, dk, pk, dout, dx_out=None, ddk_out=None, dpk_out=None):
+        z = self.depthwise_forward(plan, x, dk, wide=True)
+        dpk = self.pointwise_backprop_filter(plan, z, dout, dpk_out)
+        dz = self.pointwise_backprop_input(plan, dout, pk, wide=True)
+        dx = self.depthwise_backprop_input(plan, dz, dk, dx_out)
+        ddk = self.depthwise_backprop_filter(plan, x, dz, ddk_out)
+        return dx, ddk, dpk

@@ -1,0 +1,154 @@
+"""Host side of the CPU backend: canonical views, dtype widening, kernel launches.
+
+Kernels run on float32 or float64 arrays. float16 and bfloat16 arguments are
+widened to float32 here and results rounded back once, into the caller's dtype,
+so every sum is kept in float32 whatever the storage format.
+"""
+
+import numpy as np
+
+from .. import base
+from ... import dtypes
+from . import kernels
+
+
+def _params(plan):
+    return plan.strides + plan.dilations + plan.pads
+
+
+def _compute(a):
+    """``a`` as the kernels take it: C-contiguous, read-only, float32 or float64.
+
+    Each kernel is compiled for exactly this array type (one signature per dtype),
+    so a strided or read-only argument never triggers another compilation. The
+    cost is documented: 16-bit arrays are widened to float32 and non-contiguous
+    arrays copied to a contiguous buffer, once per call.
+    """
+    if a.dtype.name not in ("float32", "float64"):
+        a = a.astype(np.float32)
+    elif not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)
+    if a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a
+
+
+def _result(plan, shape, out, wide):
+    """The array the kernel writes (compute dtype, C-contiguous) and the one to return.
+
+    ``None`` as the second means "round the first to ``plan.dtype``".
+    """
+    acc = dtypes.accumulator(plan.dtype)
+    if out is not None:
+        if out.dtype == acc and out.flags.c_contiguous:
+            return out, out
+        return np.empty(shape, acc), out
+    buf = np.empty(shape, acc)
+    if wide or plan.dtype == acc:
+        return buf, buf
+    return buf, None
+
+
+def _finish(plan, buf, final):
+    if final is None:
+        return buf.astype(plan.dtype)
+    if final is not buf:
+        final[...] = buf
+    return final
+
+
+class CPUBackend(base.Backend):
+    name = "cpu"
+
+    def prepare(self, obj, argname):
+        if type(obj) is np.ndarray:
+            return obj
+        try:
+            return np.asarray(obj)
+        except (ValueError, TypeError) as e:
+            raise TypeError(f"{argname} could not be read as an array: {e}") from None
+
+    def check_out(self, out, argname):
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"{argname} must be a numpy.ndarray, got {type(out).__name__}")
+        if not out.flags.writeable:
+            raise ValueError(f"{argname} is read-only")
+        return out
+
+    # -- depthwise ------------------------------------------------------------------
+    def depthwise_forward(self, plan, x, w, out=None, wide=False):
+        buf, final = _result(plan, plan.output_shape, out, wide)
+        kern = kernels.forward_cl if plan.channels_last else kernels.forward_cf
+        kern(_compute(x).reshape(plan.input_shape5), _compute(w).reshape(plan.filter_shape5),
+             buf.reshape(plan.output_shape5), *_params(plan))
+        return _finish(plan, buf, final)
+
+    def depthwise_backprop_input(self, plan, dy, w, out=None, wide=False):
+        buf, final = _result(plan, plan.input_shape, out, wide)
+        kern = kernels.backprop_input_cl if plan.channels_last else kernels.backprop_input_cf
+        kern(_compute(dy).reshape(plan.output_shape5), _compute(w).reshape(plan.filter_shape5),
+             buf.reshape(plan.input_shape5), *_params(plan))
+        return _finish(plan, buf, final)
+
+    def depthwise_backprop_filter(self, plan, x, dy, out=None, wide=False):
+        buf, final = _result(plan, plan.filter_shape, out, wide)
+        x5 = _compute(x).reshape(plan.input_shape5)
+        dy5 = _compute(dy).reshape(plan.output_shape5)
+        n = plan.batch
+        if plan.channels_last:
+            kern = kernels.backprop_filter_cl
+            rows = n * plan.out_sizes[0] * plan.out_sizes[1]
+        else:
+            kern = kernels.backprop_filter_cf
+            rows = n
+        fsize = int(np.prod(plan.filter_shape5))
+        chunks = kernels.partial_chunks(rows, fsize)
+        parts = np.empty((chunks,) + plan.filter_shape5, buf.dtype)
+        kern(x5, dy5, parts, *_params(plan))
+        kernels._sum_partials(parts, buf.reshape(plan.filter_shape5))
+        return _finish(plan, buf, final)
+
+    # -- pointwise (a GEMM through NumPy's BLAS) ------------------------------------
+    def _pk2(self, plan, pk):
+        return _compute(pk).reshape(plan.out_channels, plan.filters)
+
+    def _rows(self, plan, a, channels):
+        """``a`` as (N, channels, P) for channels-first, (N*P, channels) for channels-last."""
+        if plan.channels_last:
+            return a.reshape(-1, channels)
+        return a.reshape(plan.batch, channels, -1)
+
+    def pointwise_forward(self, plan, z, pk, out=None, wide=False):
+        shape = plan.separable_output_shape
+        buf, final = _result(plan, shape, out, wide)
+        z2 = self._rows(plan, _compute(z), plan.out_channels)
+        pk2 = self._pk2(plan, pk)
+        b2 = self._rows(plan, buf, plan.filters)
+        if plan.channels_last:
+            np.matmul(z2, pk2, out=b2)
+        else:
+            np.matmul(pk2.T, z2, out=b2)
+        return _finish(plan, buf, final)
+
+    def pointwise_backprop_input(self, plan, dout, pk, out=None, wide=False):
+        buf, final = _result(plan, plan.output_shape, out, wide)
+        d2 = self._rows(plan, _compute(dout), plan.filters)
+        pk2 = self._pk2(plan, pk)
+        b2 = self._rows(plan, buf, plan.out_channels)
+        if plan.channels_last:
+            np.matmul(d2, pk2.T, out=b2)
+        else:
+            np.matmul(pk2, d2, out=b2)
+        return _finish(plan, buf, final)
+
+    def pointwise_backprop_filter(self, plan, z, dout, out=None, wide=False):
+        buf, final = _result(plan, plan.pointwise_shape, out, wide)
+        z2 = self._rows(plan, _compute(z), plan.out_channels)
+        d2 = self._rows(plan, _compute(dout), plan.filters)
+        b2 = buf.reshape(plan.out_channels, plan.filters)
+        if plan.channels_last:
+            np.matmul(z2.T, d2, out=b2)
+        else:
+            b2[...] = np.einsum("njp,nfp->jf", z2, d2, optimize=True)
+        return _finish(plan, buf, final)

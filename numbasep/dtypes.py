@@ -1,0 +1,54 @@
+"""The dtype policy: which element types the operators accept and how they accumulate.
+
+float16 and bfloat16 are stored in 16 bits but accumulated in float32 and rounded
+once at the end; float32 accumulates in float32 and float64 in float64.
+"""
+
+import numpy as np
+
+_FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
+SUPPORTED = "float16, bfloat16 (ml_dtypes), float32, float64"
+
+
+def is_supported(dtype):
+    """True when ``dtype`` (a ``numpy.dtype``) is one numbasep computes with."""
+    return dtype.name in _FLOAT_NAMES and dtype.isnative
+
+
+def accumulator(dtype):
+    """The dtype partial sums are kept in for inputs of ``dtype``."""
+    return np.dtype(np.float64) if dtype.name == "float64" else np.dtype(np.float32)
+
+
+def is_16bit(dtype):
+    return dtype.name in ("float16", "bfloat16")
+
+
+def common_dtype(named_dtypes):
+    """Check that every array argument has one supported dtype and return it.
+
+    Parameters
+    ----------
+    named_dtypes : sequence of (str, numpy.dtype)
+        Argument names with the dtypes of the arrays given for them.
+
+    Raises
+    ------
+    TypeError
+        When a dtype is not supported or the arguments disagree.
+    """
+    first_name, first = named_dtypes[0]
+    for name, dt in named_dtypes:
+        if not is_supported(dt):
+            detail = " (non-native byte order)" if dt.name in _FLOAT_NAMES else ""
+            raise TypeError(
+                f"{name} has dtype {dt.str if detail else dt.name}{detail}; "
+                f"numbasep supports {SUPPORTED}"
+            )
+    for name, dt in named_dtypes[1:]:
+        if dt != first:
+            listing = ", ".join(f"{n}={d.name}" for n, d in named_dtypes)
+            raise TypeError(
+                f"all array arguments must share one dtype, got {listing}"
+            )
+    return first
