@@ -79,14 +79,16 @@ class CPUBackend(base.Backend):
     # -- depthwise ------------------------------------------------------------------
     def depthwise_forward(self, plan, x, w, out=None, wide=False):
         buf, final = _result(plan, plan.output_shape, out, wide)
-        kern = kernels.forward_cl if plan.channels_last else kernels.forward_cf
+        ks = kernels.for_plan(plan)
+        kern = ks.forward_cl if plan.channels_last else ks.forward_cf
         kern(_compute(x).reshape(plan.input_shape5), _compute(w).reshape(plan.filter_shape5),
              buf.reshape(plan.output_shape5), *_params(plan))
         return _finish(plan, buf, final)
 
     def depthwise_backprop_input(self, plan, dy, w, out=None, wide=False):
         buf, final = _result(plan, plan.input_shape, out, wide)
-        kern = kernels.backprop_input_cl if plan.channels_last else kernels.backprop_input_cf
+        ks = kernels.for_plan(plan)
+        kern = ks.backprop_input_cl if plan.channels_last else ks.backprop_input_cf
         kern(_compute(dy).reshape(plan.output_shape5), _compute(w).reshape(plan.filter_shape5),
              buf.reshape(plan.input_shape5), *_params(plan))
         return _finish(plan, buf, final)
@@ -96,17 +98,18 @@ class CPUBackend(base.Backend):
         x5 = _compute(x).reshape(plan.input_shape5)
         dy5 = _compute(dy).reshape(plan.output_shape5)
         n = plan.batch
+        ks = kernels.for_plan(plan)
         if plan.channels_last:
-            kern = kernels.backprop_filter_cl
+            kern = ks.backprop_filter_cl
             rows = n * plan.out_sizes[0] * plan.out_sizes[1]
         else:
-            kern = kernels.backprop_filter_cf
+            kern = ks.backprop_filter_cf
             rows = n
         fsize = int(np.prod(plan.filter_shape5))
         chunks = kernels.partial_chunks(rows, fsize)
         parts = np.empty((chunks,) + plan.filter_shape5, buf.dtype)
         kern(x5, dy5, parts, *_params(plan))
-        kernels._sum_partials(parts, buf.reshape(plan.filter_shape5))
+        kernels.sum_partials(parts, buf.reshape(plan.filter_shape5))
         return _finish(plan, buf, final)
 
     # -- pointwise (a GEMM through NumPy's BLAS) ------------------------------------
@@ -114,10 +117,15 @@ class CPUBackend(base.Backend):
         return _compute(pk).reshape(plan.out_channels, plan.filters)
 
     def _rows(self, plan, a, channels):
-        """``a`` as (N, channels, P) for channels-first, (N*P, channels) for channels-last."""
+        """``a`` as (N, channels, P) for channels-first, (N*P, channels) for channels-last.
+
+        The sizes are spelled out (no ``-1``): with a zero-size dimension NumPy
+        cannot infer the missing one.
+        """
+        p = plan.out_sizes[0] * plan.out_sizes[1] * plan.out_sizes[2]
         if plan.channels_last:
-            return a.reshape(-1, channels)
-        return a.reshape(plan.batch, channels, -1)
+            return a.reshape(plan.batch * p, channels)
+        return a.reshape(plan.batch, channels, p)
 
     def pointwise_forward(self, plan, z, pk, out=None, wide=False):
         shape = plan.separable_output_shape

@@ -5,14 +5,25 @@ spatial dimensions). Channels-last arrays are ``x[N, D, H, W, C]``,
 ``y[N, OD, OH, OW, C*M]``; channels-first ones ``x[N, C, D, H, W]``,
 ``y[N, C*M, OD, OH, OW]``; filters are always ``w[KD, KH, KW, C, M]``.
 
-Arrays reach the kernels in their accumulation dtype (float32 or float64); the
-16-bit formats are widened by the driver. Outputs are fully overwritten, so they
-may be uninitialised on entry.
+Arrays reach the kernels C-contiguous, in their accumulation dtype (float32 or
+float64); the driver widens 16-bit formats. Outputs are fully overwritten, so
+they may be uninitialised on entry.
 
-Parallel work is split so that each task owns the output elements it writes: no
-atomics, no races. The filter gradient sums per-chunk partial filters in a fixed
-order, and the chunking depends on the problem only, never on the thread count,
-so results are bitwise reproducible.
+Two paths share every kernel:
+
+* the *generic* row helpers (``_*_row``) handle any window, checking each tap
+  against the input borders; they serve every border and any filter shape;
+* :func:`kernel_set` builds kernels for one filter shape (KH, KW) known at
+  compile time, so that the tap loops unroll and the channel (channels-last) or
+  column (channels-first) loop vectorises; the unrolled path covers the interior
+  of 2-D/1-D problems with depth multiplier 1 and hands borders to the generic
+  helpers. ``kernel_set(0, 0)`` is the generic-only set.
+
+Taps are always summed in the order (kd, kh, kw), so both paths give the same
+sums. Parallel tasks own the outputs they write: no atomics, no races. The
+filter gradient sums per-chunk partial filters in a fixed order, with a
+chunking that depends on the problem only, never on the thread count, so
+results are bitwise reproducible.
 """
 
 import numpy as np
@@ -21,6 +32,9 @@ from numba import njit, prange
 # Reductions over a contiguous run may be reassociated so that they vectorise;
 # NaN and Inf still propagate (no 'nnan' / 'ninf').
 _REDUCE_MATH = {"reassoc", "contract"}
+
+# Filter shapes (KH, KW) that get unrolled kernels when KD == 1.
+UNROLLED = frozenset({(3, 3), (5, 5), (7, 7), (1, 3), (1, 5)})
 
 
 @njit(inline="always")
@@ -34,7 +48,7 @@ def _first_valid(pad, k, r, s):
 
 @njit(inline="always")
 def _end_valid(size, pad, k, r, s, out_size):
-    """One past the largest output index o with o*s - pad + k*r < size, capped at out_size."""
+    """One past the largest o with o*s - pad + k*r < size, capped at out_size."""
     t = size - 1 + pad - k * r
     if t < 0:
         return 0
@@ -43,8 +57,32 @@ def _end_valid(size, pad, k, r, s, out_size):
 
 
 @njit(inline="always")
+def _u(i):
+    """An index known to be in range, as unsigned: Numba then emits no negative-index
+    wraparound, so loads along it stay contiguous and the loop vectorises."""
+    return np.uint64(i)
+
+
+@njit(inline="always")
 def _split(job, b):
     return job // b, job % b
+
+
+@njit(inline="always")
+def _interior(size, pad, k, r, s, out_size):
+    """Output range [a, b) where all k taps of a window fall inside the input."""
+    a = _first_valid(pad, 0, r, s)
+    b = _end_valid(size, pad, k - 1, r, s, out_size)
+    if b < a:
+        b = a
+    return a, b
+
+
+@njit(inline="always")
+def _clip(lo, hi, a, b):
+    lo = a if a > lo else lo
+    hi = b if b < hi else hi
+    return lo, hi
 
 
 def partial_chunks(rows, filter_elems):
@@ -53,154 +91,199 @@ def partial_chunks(rows, filter_elems):
     return max(1, min(rows, 64, cap))
 
 
-# ---------------------------------------------------------------------------- forward
+# ------------------------------------------------------------- generic row helpers
 
-@njit(parallel=True, cache=True)
-def forward_cl(x, w, y, sd, sh, sw, rd, rh, rw, pd, ph, pw):
-    N, D, H, W, C = x.shape
-    KD, KH, KW, _, M = w.shape
-    _, OD, OH, OW, CM = y.shape
-    for job in prange(N * OD * OH):
-        nd, oh = _split(job, OH)
-        n, od = _split(nd, OD)
-        yrow = y[n, od, oh]
-        yrow[:, :] = 0
-        for kd in range(KD):
-            id_ = od * sd - pd + kd * rd
-            if id_ < 0 or id_ >= D:
+@njit(inline="always")
+def _fwd_cl_row(x, w, yrow, n, od, oh, o_lo, o_hi, sd, sh, sw, rd, rh, rw, pd, ph, pw):
+    """Add every in-range tap into yrow[o_lo:o_hi] (channels-last)."""
+    D, H, W, C = x.shape[1], x.shape[2], x.shape[3], x.shape[4]
+    KD, KH, KW, M = w.shape[0], w.shape[1], w.shape[2], w.shape[4]
+    OW = yrow.shape[0]
+    for kd in range(KD):
+        id_ = od * sd - pd + kd * rd
+        if id_ < 0 or id_ >= D:
+            continue
+        for kh in range(KH):
+            ih = oh * sh - ph + kh * rh
+            if ih < 0 or ih >= H:
                 continue
-            for kh in range(KH):
-                ih = oh * sh - ph + kh * rh
-                if ih < 0 or ih >= H:
-                    continue
-                xrow = x[n, id_, ih]
-                for kw in range(KW):
-                    lo = _first_valid(pw, kw, rw, sw)
-                    hi = _end_valid(W, pw, kw, rw, sw, OW)
-                    off = kw * rw - pw
-                    if M == 1:
-                        for ow in range(lo, hi):
-                            iw = ow * sw + off
-                            for c in range(C):
-                                yrow[ow, c] += xrow[iw, c] * w[kd, kh, kw, c, 0]
-                    else:
-                        for ow in range(lo, hi):
-                            iw = ow * sw + off
-                            for c in range(C):
-                                xv = xrow[iw, c]
-                                for m in range(M):
-                                    yrow[ow, c * M + m] += xv * w[kd, kh, kw, c, m]
+            xrow = x[n, id_, ih]
+            for kw in range(KW):
+                lo, hi = _clip(o_lo, o_hi, _first_valid(pw, kw, rw, sw),
+                               _end_valid(W, pw, kw, rw, sw, OW))
+                off = kw * rw - pw
+                if M == 1:
+                    for ow in range(lo, hi):
+                        iw = ow * sw + off
+                        for c in range(C):
+                            yrow[ow, c] += xrow[iw, c] * w[kd, kh, kw, c, 0]
+                else:
+                    for ow in range(lo, hi):
+                        iw = ow * sw + off
+                        for c in range(C):
+                            xv = xrow[iw, c]
+                            for m in range(M):
+                                yrow[ow, c * M + m] += xv * w[kd, kh, kw, c, m]
 
 
-@njit(parallel=True, cache=True)
-def forward_cf(x, w, y, sd, sh, sw, rd, rh, rw, pd, ph, pw):
-    N, C, D, H, W = x.shape
-    KD, KH, KW, _, M = w.shape
-    _, CM, OD, OH, OW = y.shape
-    for job in prange(N * CM):
-        n, k = _split(job, CM)
-        c = k // M
-        m = k - c * M
-        for od in range(OD):
-            for oh in range(OH):
-                yrow = y[n, k, od, oh]
-                yrow[:] = 0
-                for kd in range(KD):
-                    id_ = od * sd - pd + kd * rd
-                    if id_ < 0 or id_ >= D:
-                        continue
-                    for kh in range(KH):
-                        ih = oh * sh - ph + kh * rh
-                        if ih < 0 or ih >= H:
-                            continue
-                        xrow = x[n, c, id_, ih]
-                        for kw in range(KW):
-                            lo = _first_valid(pw, kw, rw, sw)
-                            hi = _end_valid(W, pw, kw, rw, sw, OW)
-                            off = kw * rw - pw
-                            wv = w[kd, kh, kw, c, m]
-                            for ow in range(lo, hi):
-                                yrow[ow] += xrow[ow * sw + off] * wv
-
-
-# ---------------------------------------------------------------------- backprop input
-
-@njit(parallel=True, cache=True)
-def backprop_input_cl(dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
-    N, D, H, W, C = dx.shape
-    KD, KH, KW, _, M = w.shape
-    _, OD, OH, OW, CM = dy.shape
-    for job in prange(N * D * H):
-        nd, ih = _split(job, H)
-        n, id_ = _split(nd, D)
-        dxrow = dx[n, id_, ih]
-        dxrow[:, :] = 0
-        for kd in range(KD):
-            t = id_ + pd - kd * rd
-            if t < 0 or t % sd != 0 or t // sd >= OD:
+@njit(inline="always")
+def _fwd_cf_row(x, w, yrow, n, c, m, od, oh, o_lo, o_hi, sd, sh, sw, rd, rh, rw, pd, ph, pw):
+    """Add every in-range tap into yrow[o_lo:o_hi] (channels-first, one channel)."""
+    D, H, W = x.shape[2], x.shape[3], x.shape[4]
+    KD, KH, KW = w.shape[0], w.shape[1], w.shape[2]
+    OW = yrow.shape[0]
+    for kd in range(KD):
+        id_ = od * sd - pd + kd * rd
+        if id_ < 0 or id_ >= D:
+            continue
+        for kh in range(KH):
+            ih = oh * sh - ph + kh * rh
+            if ih < 0 or ih >= H:
                 continue
-            od = t // sd
-            for kh in range(KH):
-                t = ih + ph - kh * rh
-                if t < 0 or t % sh != 0 or t // sh >= OH:
-                    continue
-                oh = t // sh
-                dyrow = dy[n, od, oh]
-                for kw in range(KW):
-                    lo = _first_valid(pw, kw, rw, sw)
-                    hi = _end_valid(W, pw, kw, rw, sw, OW)
-                    off = kw * rw - pw
-                    if M == 1:
-                        for ow in range(lo, hi):
-                            iw = ow * sw + off
-                            for c in range(C):
-                                dxrow[iw, c] += dyrow[ow, c] * w[kd, kh, kw, c, 0]
-                    else:
-                        for ow in range(lo, hi):
-                            iw = ow * sw + off
-                            for c in range(C):
-                                acc = dxrow[iw, c]
-                                for m in range(M):
-                                    acc += dyrow[ow, c * M + m] * w[kd, kh, kw, c, m]
-                                dxrow[iw, c] = acc
+            xrow = x[n, c, id_, ih]
+            for kw in range(KW):
+                lo, hi = _clip(o_lo, o_hi, _first_valid(pw, kw, rw, sw),
+                               _end_valid(W, pw, kw, rw, sw, OW))
+                off = kw * rw - pw
+                wv = w[kd, kh, kw, c, m]
+                for ow in range(lo, hi):
+                    yrow[_u(ow)] += xrow[_u(ow * sw + off)] * wv
+
+
+@njit(inline="always")
+def _out_range_for_inputs(i_lo, i_hi, off, s):
+    """Output indices o whose input index o*s + off lies in [i_lo, i_hi)."""
+    a = i_lo - off
+    a = 0 if a <= 0 else (a + s - 1) // s
+    b = i_hi - off
+    b = 0 if b <= 0 else (b + s - 1) // s
+    return a, b
+
+
+@njit(inline="always")
+def _bin_cl_row(dy, w, dxrow, n, id_, ih, i_lo, i_hi, sd, sh, sw, rd, rh, rw, pd, ph, pw):
+    """Add into dxrow[i_lo:i_hi] every (output, tap) pair that reads it (channels-last)."""
+    OD, OH, OW = dy.shape[1], dy.shape[2], dy.shape[3]
+    KD, KH, KW, C, M = w.shape
+    for kd in range(KD):
+        t = id_ + pd - kd * rd
+        if t < 0 or t % sd != 0 or t // sd >= OD:
+            continue
+        od = t // sd
+        for kh in range(KH):
+            t = ih + ph - kh * rh
+            if t < 0 or t % sh != 0 or t // sh >= OH:
+                continue
+            dyrow = dy[n, od, t // sh]
+            for kw in range(KW):
+                off = kw * rw - pw
+                lo, hi = _out_range_for_inputs(i_lo, i_hi, off, sw)
+                if hi > OW:
+                    hi = OW
+                if M == 1:
+                    for ow in range(lo, hi):
+                        iw = ow * sw + off
+                        for c in range(C):
+                            dxrow[iw, c] += dyrow[ow, c] * w[kd, kh, kw, c, 0]
+                else:
+                    for ow in range(lo, hi):
+                        iw = ow * sw + off
+                        for c in range(C):
+                            acc = dxrow[iw, c]
+                            for m in range(M):
+                                acc += dyrow[ow, c * M + m] * w[kd, kh, kw, c, m]
+                            dxrow[iw, c] = acc
+
+
+@njit(inline="always")
+def _bin_cf_row(dy, w, dxrow, n, c, m, id_, ih, i_lo, i_hi, sd, sh, sw, rd, rh, rw, pd, ph,
+                pw):
+    """Add into dxrow[i_lo:i_hi] the contributions of output channel c*M+m (channels-first)."""
+    OD, OH, OW = dy.shape[2], dy.shape[3], dy.shape[4]
+    KD, KH, KW, M = w.shape[0], w.shape[1], w.shape[2], w.shape[4]
+    k = c * M + m
+    for kd in range(KD):
+        t = id_ + pd - kd * rd
+        if t < 0 or t % sd != 0 or t // sd >= OD:
+            continue
+        od = t // sd
+        for kh in range(KH):
+            t = ih + ph - kh * rh
+            if t < 0 or t % sh != 0 or t // sh >= OH:
+                continue
+            dyrow = dy[n, k, od, t // sh]
+            for kw in range(KW):
+                off = kw * rw - pw
+                lo, hi = _out_range_for_inputs(i_lo, i_hi, off, sw)
+                if hi > OW:
+                    hi = OW
+                wv = w[kd, kh, kw, c, m]
+                for ow in range(lo, hi):
+                    dxrow[_u(ow * sw + off)] += dyrow[_u(ow)] * wv
+
+
+@njit(inline="always")
+def _bfil_cl_row(x, dyrow, part, n, od, oh, o_lo, o_hi, sd, sh, sw, rd, rh, rw, pd, ph, pw):
+    """Add the products of output row (n, od, oh), columns [o_lo, o_hi), into part."""
+    D, H, W, C = x.shape[1], x.shape[2], x.shape[3], x.shape[4]
+    KD, KH, KW, M = part.shape[0], part.shape[1], part.shape[2], part.shape[4]
+    OW = dyrow.shape[0]
+    for kd in range(KD):
+        id_ = od * sd - pd + kd * rd
+        if id_ < 0 or id_ >= D:
+            continue
+        for kh in range(KH):
+            ih = oh * sh - ph + kh * rh
+            if ih < 0 or ih >= H:
+                continue
+            xrow = x[n, id_, ih]
+            for kw in range(KW):
+                lo, hi = _clip(o_lo, o_hi, _first_valid(pw, kw, rw, sw),
+                               _end_valid(W, pw, kw, rw, sw, OW))
+                off = kw * rw - pw
+                acc = part[kd, kh, kw]
+                if M == 1:
+                    for ow in range(lo, hi):
+                        iw = ow * sw + off
+                        for c in range(C):
+                            acc[c, 0] += xrow[iw, c] * dyrow[ow, c]
+                else:
+                    for ow in range(lo, hi):
+                        iw = ow * sw + off
+                        for c in range(C):
+                            xv = xrow[iw, c]
+                            for m in range(M):
+                                acc[c, m] += xv * dyrow[ow, c * M + m]
+
+
+@njit(inline="always", fastmath=_REDUCE_MATH)
+def _bfil_cf_row(x, dyrow, part, n, c, m, od, oh, o_lo, o_hi, sd, sh, sw, rd, rh, rw, pd, ph,
+                 pw):
+    """Add the products of one output row of channel c*M+m, columns [o_lo, o_hi), into part."""
+    D, H, W = x.shape[2], x.shape[3], x.shape[4]
+    KD, KH, KW = part.shape[0], part.shape[1], part.shape[2]
+    OW = dyrow.shape[0]
+    for kd in range(KD):
+        id_ = od * sd - pd + kd * rd
+        if id_ < 0 or id_ >= D:
+            continue
+        for kh in range(KH):
+            ih = oh * sh - ph + kh * rh
+            if ih < 0 or ih >= H:
+                continue
+            xrow = x[n, c, id_, ih]
+            for kw in range(KW):
+                lo, hi = _clip(o_lo, o_hi, _first_valid(pw, kw, rw, sw),
+                               _end_valid(W, pw, kw, rw, sw, OW))
+                off = kw * rw - pw
+                s = part[kd, kh, kw, c, m]
+                for ow in range(lo, hi):
+                    s += xrow[_u(ow * sw + off)] * dyrow[_u(ow)]
+                part[kd, kh, kw, c, m] = s
 
 
 @njit(parallel=True, cache=True)
-def backprop_input_cf(dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
-    N, C, D, H, W = dx.shape
-    KD, KH, KW, _, M = w.shape
-    _, CM, OD, OH, OW = dy.shape
-    for job in prange(N * C):
-        n, c = _split(job, C)
-        plane = dx[n, c]
-        plane[:, :, :] = 0
-        for m in range(M):
-            k = c * M + m
-            for od in range(OD):
-                for oh in range(OH):
-                    dyrow = dy[n, k, od, oh]
-                    for kd in range(KD):
-                        id_ = od * sd - pd + kd * rd
-                        if id_ < 0 or id_ >= D:
-                            continue
-                        for kh in range(KH):
-                            ih = oh * sh - ph + kh * rh
-                            if ih < 0 or ih >= H:
-                                continue
-                            dxrow = plane[id_, ih]
-                            for kw in range(KW):
-                                lo = _first_valid(pw, kw, rw, sw)
-                                hi = _end_valid(W, pw, kw, rw, sw, OW)
-                                off = kw * rw - pw
-                                wv = w[kd, kh, kw, c, m]
-                                for ow in range(lo, hi):
-                                    dxrow[ow * sw + off] += dyrow[ow] * wv
-
-
-# --------------------------------------------------------------------- backprop filter
-
-@njit(parallel=True, cache=True)
-def _sum_partials(parts, dw):
+def sum_partials(parts, dw):
     """dw = parts[0] + parts[1] + ... in that order, for every filter element."""
     P = parts.shape[0]
     KD, KH, KW, C, M = dw.shape
@@ -215,77 +298,190 @@ def _sum_partials(parts, dw):
                 dw[td, th, tw, c, m] = s
 
 
-@njit(parallel=True, cache=True)
-def backprop_filter_cl(x, dy, parts, sd, sh, sw, rd, rh, rw, pd, ph, pw):
-    N, D, H, W, C = x.shape
-    P, KD, KH, KW, _, M = parts.shape
-    _, OD, OH, OW, CM = dy.shape
-    rows = N * OD * OH
-    for p in prange(P):
-        part = parts[p]
-        part[:] = 0
-        for row in range(p * rows // P, (p + 1) * rows // P):
-            nd, oh = _split(row, OH)
+# ------------------------------------------------------------------ kernel factory
+
+class KernelSet:
+    """The six depthwise kernels for one unrolled filter shape (or the generic ones)."""
+
+    def __init__(self, **kernels):
+        self.__dict__.update(kernels)
+
+
+_sets = {}
+
+
+def kernel_set(KH, KW):
+    """Kernels whose interior path is unrolled for a KH x KW window (0, 0: generic only)."""
+    key = (KH, KW)
+    if key not in _sets:
+        _sets[key] = _build(KH, KW)
+    return _sets[key]
+
+
+def _build(KH, KW):
+    UNROLL = KH > 0
+
+    @njit(parallel=True, cache=True)
+    def forward_cl(x, w, y, sd, sh, sw, rd, rh, rw, pd, ph, pw):
+        N, D, H, W, C = x.shape
+        KD, M = w.shape[0], w.shape[4]
+        _, OD, OH, OW, CM = y.shape
+        a, b = _interior(W, pw, KW, rw, sw, OW)
+        for job in prange(N * OD * OH):
+            nd, oh = _split(job, OH)
             n, od = _split(nd, OD)
-            dyrow = dy[n, od, oh]
-            for kd in range(KD):
-                id_ = od * sd - pd + kd * rd
-                if id_ < 0 or id_ >= D:
-                    continue
-                for kh in range(KH):
-                    ih = oh * sh - ph + kh * rh
-                    if ih < 0 or ih >= H:
-                        continue
-                    xrow = x[n, id_, ih]
-                    for kw in range(KW):
-                        lo = _first_valid(pw, kw, rw, sw)
-                        hi = _end_valid(W, pw, kw, rw, sw, OW)
-                        off = kw * rw - pw
-                        acc = part[kd, kh, kw]
-                        if M == 1:
-                            for ow in range(lo, hi):
-                                iw = ow * sw + off
+            yrow = y[n, od, oh]
+            id_ = od * sd - pd
+            ih0 = oh * sh - ph
+            if (UNROLL and M == 1 and KD == 1 and a < b and 0 <= id_ < D and ih0 >= 0
+                    and ih0 + (KH - 1) * rh < H):
+                for ow in range(a, b):
+                    iw0 = ow * sw - pw
+                    for c in range(C):
+                        acc = x[n, id_, ih0, iw0, c] * w[0, 0, 0, c, 0]
+                        for kh in range(KH):
+                            for kw in range(KW):
+                                if kh + kw > 0:
+                                    acc += (x[n, id_, ih0 + kh * rh, iw0 + kw * rw, c]
+                                            * w[0, kh, kw, c, 0])
+                        yrow[ow, c] = acc
+                yrow[:a, :] = 0
+                yrow[b:, :] = 0
+                _fwd_cl_row(x, w, yrow, n, od, oh, 0, a, sd, sh, sw, rd, rh, rw, pd, ph, pw)
+                _fwd_cl_row(x, w, yrow, n, od, oh, b, OW, sd, sh, sw, rd, rh, rw, pd, ph, pw)
+            else:
+                yrow[:, :] = 0
+                _fwd_cl_row(x, w, yrow, n, od, oh, 0, OW, sd, sh, sw, rd, rh, rw, pd, ph, pw)
+
+    @njit(parallel=True, cache=True)
+    def forward_cf(x, w, y, sd, sh, sw, rd, rh, rw, pd, ph, pw):
+        # Channels-first rows are contiguous along ow: a pass per tap over the row
+        # vectorises well; an unrolled tap loop measured slower here.
+        N, C, D, H, W = x.shape
+        M = w.shape[4]
+        _, CM, OD, OH, OW = y.shape
+        for job in prange(N * CM):
+            n, k = _split(job, CM)
+            c, m = _split(k, M)
+            for od in range(OD):
+                for oh in range(OH):
+                    yrow = y[n, k, od, oh]
+                    yrow[:] = 0
+                    _fwd_cf_row(x, w, yrow, n, c, m, od, oh, 0, OW,
+                                sd, sh, sw, rd, rh, rw, pd, ph, pw)
+
+    @njit(parallel=True, cache=True)
+    def backprop_input_cl(dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
+        N, D, H, W, C = dx.shape
+        KD, M = w.shape[0], w.shape[4]
+        _, OD, OH, OW, CM = dy.shape
+        # stride 1: dx[i] = sum_t dy[i + p - t*r] * w[t]; interior where every tap lands in dy
+        a = (KW - 1) * rw - pw
+        a = a if a > 0 else 0
+        b = OW - pw
+        b = b if b < W else W
+        for job in prange(N * D * H):
+            nd, ih = _split(job, H)
+            n, id_ = _split(nd, D)
+            dxrow = dx[n, id_, ih]
+            od = id_ + pd
+            oh0 = ih + ph
+            if (UNROLL and M == 1 and KD == 1 and sw == 1 and sh == 1 and sd == 1 and a < b
+                    and od < OD and oh0 - (KH - 1) * rh >= 0 and oh0 < OH):
+                for iw in range(a, b):
+                    ow0 = iw + pw
+                    for c in range(C):
+                        acc = dy[n, od, oh0, ow0, c] * w[0, 0, 0, c, 0]
+                        for kh in range(KH):
+                            for kw in range(KW):
+                                if kh + kw > 0:
+                                    acc += (dy[n, od, oh0 - kh * rh, ow0 - kw * rw, c]
+                                            * w[0, kh, kw, c, 0])
+                        dxrow[iw, c] = acc
+                dxrow[:a, :] = 0
+                dxrow[b:, :] = 0
+                _bin_cl_row(dy, w, dxrow, n, id_, ih, 0, a, sd, sh, sw, rd, rh, rw, pd, ph, pw)
+                _bin_cl_row(dy, w, dxrow, n, id_, ih, b, W, sd, sh, sw, rd, rh, rw, pd, ph, pw)
+            else:
+                dxrow[:, :] = 0
+                _bin_cl_row(dy, w, dxrow, n, id_, ih, 0, W, sd, sh, sw, rd, rh, rw, pd, ph, pw)
+
+    @njit(parallel=True, cache=True)
+    def backprop_input_cf(dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
+        N, C, D, H, W = dx.shape
+        M = w.shape[4]
+        for job in prange(N * C):
+            n, c = _split(job, C)
+            for id_ in range(D):
+                for ih in range(H):
+                    dxrow = dx[n, c, id_, ih]
+                    dxrow[:] = 0
+                    for m in range(M):
+                        _bin_cf_row(dy, w, dxrow, n, c, m, id_, ih, 0, W,
+                                    sd, sh, sw, rd, rh, rw, pd, ph, pw)
+
+    @njit(parallel=True, cache=True)
+    def backprop_filter_cl(x, dy, parts, sd, sh, sw, rd, rh, rw, pd, ph, pw):
+        N, D, H, W, C = x.shape
+        P, KD, M = parts.shape[0], parts.shape[1], parts.shape[5]
+        _, OD, OH, OW, CM = dy.shape
+        rows = N * OD * OH
+        a, b = _interior(W, pw, KW, rw, sw, OW)
+        for p in prange(P):
+            part = parts[p]
+            part[:] = 0
+            for row in range(p * rows // P, (p + 1) * rows // P):
+                nd, oh = _split(row, OH)
+                n, od = _split(nd, OD)
+                dyrow = dy[n, od, oh]
+                id_ = od * sd - pd
+                ih0 = oh * sh - ph
+                if (UNROLL and M == 1 and KD == 1 and a < b and 0 <= id_ < D and ih0 >= 0
+                        and ih0 + (KH - 1) * rh < H):
+                    for ow in range(a, b):
+                        iw0 = ow * sw - pw
+                        for kh in range(KH):
+                            xrow = x[n, id_, ih0 + kh * rh]
+                            for kw in range(KW):
+                                acc = part[0, kh, kw]
+                                iw = iw0 + kw * rw
                                 for c in range(C):
                                     acc[c, 0] += xrow[iw, c] * dyrow[ow, c]
-                        else:
-                            for ow in range(lo, hi):
-                                iw = ow * sw + off
-                                for c in range(C):
-                                    xv = xrow[iw, c]
-                                    for m in range(M):
-                                        acc[c, m] += xv * dyrow[ow, c * M + m]
+                    _bfil_cl_row(x, dyrow, part, n, od, oh, 0, a,
+                                 sd, sh, sw, rd, rh, rw, pd, ph, pw)
+                    _bfil_cl_row(x, dyrow, part, n, od, oh, b, OW,
+                                 sd, sh, sw, rd, rh, rw, pd, ph, pw)
+                else:
+                    _bfil_cl_row(x, dyrow, part, n, od, oh, 0, OW,
+                                 sd, sh, sw, rd, rh, rw, pd, ph, pw)
+
+    @njit(parallel=True, cache=True, fastmath=_REDUCE_MATH)
+    def backprop_filter_cf(x, dy, parts, sd, sh, sw, rd, rh, rw, pd, ph, pw):
+        N, C, D, H, W = x.shape
+        P, KD, M = parts.shape[0], parts.shape[1], parts.shape[5]
+        _, CM, OD, OH, OW = dy.shape
+        # parts[p] holds the sum over batch chunk p; one task per (chunk, channel).
+        for job in prange(P * C):
+            p, c = _split(job, C)
+            part = parts[p]
+            part[:, :, :, c, :] = 0
+            for n in range(p * N // P, (p + 1) * N // P):
+                for m in range(M):
+                    for od in range(OD):
+                        for oh in range(OH):
+                            dyrow = dy[n, c * M + m, od, oh]
+                            _bfil_cf_row(x, dyrow, part, n, c, m, od, oh, 0, OW,
+                                         sd, sh, sw, rd, rh, rw, pd, ph, pw)
+
+    return KernelSet(forward_cl=forward_cl, forward_cf=forward_cf,
+                     backprop_input_cl=backprop_input_cl, backprop_input_cf=backprop_input_cf,
+                     backprop_filter_cl=backprop_filter_cl,
+                     backprop_filter_cf=backprop_filter_cf)
 
 
-@njit(parallel=True, cache=True, fastmath=_REDUCE_MATH)
-def backprop_filter_cf(x, dy, parts, sd, sh, sw, rd, rh, rw, pd, ph, pw):
-    N, C, D, H, W = x.shape
-    P, KD, KH, KW, _, M = parts.shape
-    _, CM, OD, OH, OW = dy.shape
-    # parts[p] holds the sum over batch chunk p; one task per (chunk, channel).
-    for job in prange(P * C):
-        p, c = _split(job, C)
-        part = parts[p]
-        part[:, :, :, c, :] = 0
-        for n in range(p * N // P, (p + 1) * N // P):
-            for m in range(M):
-                k = c * M + m
-                for od in range(OD):
-                    for oh in range(OH):
-                        dyrow = dy[n, k, od, oh]
-                        for kd in range(KD):
-                            id_ = od * sd - pd + kd * rd
-                            if id_ < 0 or id_ >= D:
-                                continue
-                            for kh in range(KH):
-                                ih = oh * sh - ph + kh * rh
-                                if ih < 0 or ih >= H:
-                                    continue
-                                xrow = x[n, c, id_, ih]
-                                for kw in range(KW):
-                                    lo = _first_valid(pw, kw, rw, sw)
-                                    hi = _end_valid(W, pw, kw, rw, sw, OW)
-                                    off = kw * rw - pw
-                                    s = part[kd, kh, kw, c, m]
-                                    for ow in range(lo, hi):
-                                        s += xrow[ow * sw + off] * dyrow[ow]
-                                    part[kd, kh, kw, c, m] = s
+def for_plan(plan):
+    """The kernel set serving ``plan``: unrolled when its filter shape has one."""
+    kd, kh, kw = plan.kernel
+    if kd == 1 and (kh, kw) in UNROLLED:
+        return kernel_set(kh, kw)
+    return kernel_set(0, 0)
