@@ -197,7 +197,7 @@ def call(case, a, out):
 
 # ------------------------------------------------------------------------ timing
 
-def time_numba(fn, reps, cuda):
+def _time_numba(fn, reps, cuda):
     """Median and spread (ms) of ``reps`` calls, each bracketed by CUDA events.
 
     The simulator's events measure nothing, so there the host clock is used.
@@ -221,7 +221,7 @@ def time_numba(fn, reps, cuda):
     return times[len(times) // 2], times[0], times[-1]
 
 
-def time_torch(fn, reps, torch):
+def _time_torch(fn, reps, torch):
     times = []
     for _ in range(reps):
         start = torch.cuda.Event(enable_timing=True)
@@ -359,7 +359,7 @@ def main(argv=None):
             failures += not ok
             check = f"{err:.1e}" + ("" if ok else "!")
             row.update(max_rel_err=err, ok=ok)
-        med, lo, hi = time_numba(lambda: call(c, ad, outs), args.reps, cuda)
+        med, lo, hi = _time_numba(lambda: call(c, ad, outs), args.reps, cuda)
         nbytes = suite.bytes_moved(c)
         gbs = nbytes / (med * 1e-3) / 1e9 if med > 0 else float("nan")
         row.update(ms=med, ms_min=lo, ms_max=hi, bytes=nbytes, flops=suite.flops(c),
@@ -374,7 +374,7 @@ def main(argv=None):
             if fn is not None:
                 fn()
                 torch.cuda.synchronize()
-                tmed, _, _ = time_torch(fn, args.reps, torch)
+                tmed, _, _ = _time_torch(fn, args.reps, torch)
                 tgbs = nbytes / (tmed * 1e-3) / 1e9
                 row.update(torch_ms=tmed, torch_gb_per_s=tgbs)
                 line += f" {tmed:9.3f} {tgbs:8.1f} {tmed / med:8.2f}"

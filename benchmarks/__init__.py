@@ -1,0 +1,1 @@
+"""asv benchmark suites of numbasep (see README.md in this folder)."""
