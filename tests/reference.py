@@ -110,7 +110,7 @@ def backprop_filter(x, dy, kernel, strides, dilations, pads):
     for tap in itertools.product(*[range(k) for k in kernel]):
         idx, ok = _tap_index(out_sizes, x.shape[1:-1], strides, dilations, pads, tap)
         xs = _gather(x, idx, ok)
-        dw[tap] = (xs[..., None] * dyr).reshape(-1, C, M).sum(axis=0)
+        dw[tap] = (xs[..., None] * dyr).sum(axis=tuple(range(ndim + 1)))
     return dw
 
 
@@ -150,3 +150,200 @@ def dense_matrix(x_shape, w, strides, dilations, pads, out_sizes):
         e[j] = 1.0
         cols.append(forward(e.reshape(x_shape), w, strides, dilations, pads, out_sizes).ravel())
     return np.stack(cols, axis=1)
+
+
+# ------------------------------------------------------------------ Keras-style N-D wrappers
+#
+# The Keras operators take inputs in either layout, with int-or-tuple strides and
+# dilations and a case-insensitive padding string. These wrappers resolve those
+# from the published rules (independently of numbasep.shapes), move
+# channels-first arrays to channels-last, call the float64 code above and move
+# the results back.
+
+def keras_geometry(in_sizes, kernel, strides, dilation_rate, padding):
+    """Per spatial dim: (out_sizes, pads_before, strides, dilations) as tuples."""
+    ndim = len(in_sizes)
+    st = (strides,) * ndim if isinstance(strides, int) else tuple(strides)
+    dl = (dilation_rate,) * ndim if isinstance(dilation_rate, int) else tuple(dilation_rate)
+    outs, pads = [], []
+    for n, k, s, r in zip(in_sizes, kernel, st, dl):
+        o, p = keras_output_and_pad(n, k, s, r, padding.lower())
+        outs.append(o)
+        pads.append(p)
+    return tuple(outs), tuple(pads), st, dl
+
+
+def _spatial(x, channels_first):
+    return x.shape[2:] if channels_first else x.shape[1:-1]
+
+
+def keras_depthwise(x, w, strides=1, padding="valid", data_format="channels_last",
+                    dilation_rate=1):
+    cf = data_format == "channels_first"
+    x = np.asarray(x, np.float64)
+    ndim = x.ndim - 2
+    outs, pads, st, dl = keras_geometry(_spatial(x, cf), w.shape[:ndim], strides,
+                                        dilation_rate, padding)
+    y = forward(to_last(x, cf), w, st, dl, pads, outs)
+    return to_first(y, cf)
+
+
+def pointwise_backprop_input(dout, pk):
+    """dz[n, *o, j] = sum_f dout[n, *o, f] * pk[..., j, f] (channels-last)."""
+    pk2 = np.asarray(pk, np.float64).reshape(pk.shape[-2], pk.shape[-1])
+    return np.asarray(dout, np.float64) @ pk2.T
+
+
+def pointwise_backprop_filter(z, dout, pk_shape):
+    """dpk[..., j, f] = sum_n sum_o z[n, *o, j] * dout[n, *o, f] (channels-last)."""
+    z = np.asarray(z, np.float64)
+    dout = np.asarray(dout, np.float64)
+    rows = int(np.prod(z.shape[:-1]))  # spelled out: reshape(-1, 0) is ambiguous
+    z2 = z.reshape(rows, z.shape[-1])
+    d2 = dout.reshape(rows, dout.shape[-1])
+    return (z2.T @ d2).reshape(pk_shape)
+
+
+def keras_separable(x, dk, pk, strides=1, padding="valid", data_format="channels_last",
+                    dilation_rate=1):
+    cf = data_format == "channels_first"
+    z = to_last(keras_depthwise(x, dk, strides, padding, data_format, dilation_rate), cf)
+    return to_first(pointwise(z, pk), cf)
+
+
+def keras_depthwise_grad(x, w, dy, strides=1, padding="valid",
+                         data_format="channels_last", dilation_rate=1):
+    """(d_inputs, d_kernel) of keras_depthwise, in the layouts of x and w."""
+    cf = data_format == "channels_first"
+    x = np.asarray(x, np.float64)
+    ndim = x.ndim - 2
+    kernel = w.shape[:ndim]
+    outs, pads, st, dl = keras_geometry(_spatial(x, cf), kernel, strides, dilation_rate,
+                                        padding)
+    xl = to_last(x, cf)
+    dyl = to_last(np.asarray(dy, np.float64), cf)
+    dx = backprop_input(xl.shape, w, dyl, st, dl, pads)
+    if w.shape[-2] == 0:  # no channels: backprop_filter cannot tell M from dy
+        dw = np.zeros(w.shape)
+    else:
+        dw = backprop_filter(xl, dyl, kernel, st, dl, pads)
+    return to_first(dx, cf), dw
+
+
+def keras_separable_grad(x, dk, pk, dout, strides=1, padding="valid",
+                         data_format="channels_last", dilation_rate=1):
+    """(d_inputs, d_depthwise_kernel, d_pointwise_kernel) of keras_separable."""
+    cf = data_format == "channels_first"
+    z = to_last(keras_depthwise(x, dk, strides, padding, data_format, dilation_rate), cf)
+    doutl = to_last(np.asarray(dout, np.float64), cf)
+    dpk = pointwise_backprop_filter(z, doutl, pk.shape)
+    dz = pointwise_backprop_input(doutl, pk)
+    dx, ddk = keras_depthwise_grad(x, dk, to_first(dz, cf), strides, padding, data_format,
+                                   dilation_rate)
+    return dx, ddk, dpk
+
+
+# ------------------------------------------------------------------ TensorFlow raw-op wrappers
+#
+# The tf.raw_ops.DepthwiseConv2dNative* family: 4-D tensors in NHWC or NCHW,
+# strides / dilations / explicit_paddings in data_format order. Geometry is
+# resolved from SPEC section 3 with exact integer arithmetic (independently of
+# numbasep.shapes); the arrays are moved to channels-last for the code above.
+
+_RAW_SPATIAL = {"NHWC": (1, 2), "NCHW": (2, 3)}
+_RAW_CHANNEL = {"NHWC": 3, "NCHW": 1}
+
+
+def tf_output_exact(n, k, s, r, padding, explicit=(0, 0)):
+    """(out, pad_before, pad_after) for one dimension, exactly; ``out`` may be negative.
+
+    The same formulas as :func:`tf_output_and_pad`, but with integer arithmetic only
+    (``int(a / s)`` in floating point misrounds once ``a`` exceeds 2**53).
+    """
+    eff = (k - 1) * r + 1
+    if padding == "SAME":
+        out = -((-n) // s)                      # ceil(n / s) for n >= 0
+        need = max(0, (out - 1) * s + eff - n)
+        return out, need // 2, need - need // 2
+    pb, pa = explicit if padding == "EXPLICIT" else (0, 0)
+    a = n + pb + pa - eff + s
+    out = abs(a) // s * (1 if a >= 0 else -1)   # C division: truncate toward zero
+    return out, pb, pa
+
+
+def raw_geometry(input_shape, filter_shape, strides, padding, explicit_paddings=(),
+                 data_format="NHWC", dilations=(1, 1, 1, 1)):
+    """Resolve the raw-op attributes: dict with 2-tuples strides, dilations, pads_before,
+    pads_after, in_sizes, out_sizes (rows, cols), plus batch, channels, multiplier and
+    output_shape (in data_format order; None when an output size is negative)."""
+    hax, wax = _RAW_SPATIAL[data_format]
+    cax = _RAW_CHANNEL[data_format]
+    g = {"strides": (strides[hax], strides[wax]),
+         "dilations": (dilations[hax], dilations[wax])}
+    outs, pbs, pas, ins = [], [], [], []
+    for i, ax in enumerate((hax, wax)):
+        ex = ((explicit_paddings[2 * ax], explicit_paddings[2 * ax + 1])
+              if padding == "EXPLICIT" else (0, 0))
+        o, pb, pa = tf_output_exact(input_shape[ax], filter_shape[i], g["strides"][i],
+                                    g["dilations"][i], padding, ex)
+        outs.append(o)
+        pbs.append(pb)
+        pas.append(pa)
+        ins.append(input_shape[ax])
+    g.update(out_sizes=tuple(outs), pads_before=tuple(pbs), pads_after=tuple(pas),
+             in_sizes=tuple(ins), batch=input_shape[0], channels=input_shape[cax],
+             multiplier=filter_shape[3])
+    if min(outs) < 0:
+        g["output_shape"] = None
+    else:
+        cm = input_shape[cax] * filter_shape[3]
+        g["output_shape"] = ((input_shape[0], outs[0], outs[1], cm) if data_format == "NHWC"
+                             else (input_shape[0], cm, outs[0], outs[1]))
+    return g
+
+
+def raw_forward(x, w, strides, padding, explicit_paddings=(), data_format="NHWC",
+                dilations=(1, 1, 1, 1)):
+    """float64 DepthwiseConv2dNative."""
+    cf = data_format == "NCHW"
+    x = np.asarray(x, np.float64)
+    w = np.asarray(w, np.float64)
+    g = raw_geometry(x.shape, w.shape, strides, padding, explicit_paddings, data_format,
+                     dilations)
+    if x.size == 0 or w.size == 0:      # a sum over nothing (sizes may be huge)
+        return np.zeros(g["output_shape"])
+    y = forward(to_last(x, cf), w, g["strides"], g["dilations"], g["pads_before"],
+                g["out_sizes"])
+    return to_first(y, cf)
+
+
+def raw_backprop_input(input_sizes, w, dy, strides, padding, explicit_paddings=(),
+                       data_format="NHWC", dilations=(1, 1, 1, 1)):
+    """float64 DepthwiseConv2dNativeBackpropInput (dilations honoured)."""
+    cf = data_format == "NCHW"
+    w = np.asarray(w, np.float64)
+    dy = np.asarray(dy, np.float64)
+    input_sizes = tuple(int(v) for v in input_sizes)
+    g = raw_geometry(input_sizes, w.shape, strides, padding, explicit_paddings, data_format,
+                     dilations)
+    if w.size == 0 or dy.size == 0:
+        return np.zeros(input_sizes)
+    last_shape = to_last(np.empty(input_sizes), cf).shape
+    dx = backprop_input(last_shape, w, to_last(dy, cf), g["strides"], g["dilations"],
+                        g["pads_before"])
+    return to_first(dx, cf)
+
+
+def raw_backprop_filter(x, filter_sizes, dy, strides, padding, explicit_paddings=(),
+                        data_format="NHWC", dilations=(1, 1, 1, 1)):
+    """float64 DepthwiseConv2dNativeBackpropFilter (dilations honoured)."""
+    cf = data_format == "NCHW"
+    x = np.asarray(x, np.float64)
+    dy = np.asarray(dy, np.float64)
+    filter_sizes = tuple(int(v) for v in filter_sizes)
+    g = raw_geometry(x.shape, filter_sizes, strides, padding, explicit_paddings, data_format,
+                     dilations)
+    if 0 in filter_sizes or x.size == 0 or dy.size == 0:
+        return np.zeros(filter_sizes)
+    return backprop_filter(to_last(x, cf), to_last(dy, cf), filter_sizes[:2], g["strides"],
+                           g["dilations"], g["pads_before"])
