@@ -25,7 +25,7 @@ def _compute(a):
     arrays copied to a contiguous buffer, once per call.
     """
     if a.dtype.name not in ("float32", "float64"):
-        a = a.astype(np.float32)
+        a = np.ascontiguousarray(a, np.float32)
     elif not a.flags.c_contiguous:
         a = np.ascontiguousarray(a)
     if a.flags.writeable:
@@ -58,6 +58,19 @@ def _finish(plan, buf, final):
     return final
 
 
+def _nothing_to_do(buf, *operands):
+    """True when no kernel need run: the result is empty, or an operand is (then
+    every sum is empty and the result is zeros). Skipping the launch matters: an
+    empty tensor may have other dimensions of 2**30 that a kernel would loop over."""
+    if buf.size == 0:
+        return True
+    for a in operands:
+        if a.size == 0:
+            buf[...] = 0
+            return True
+    return False
+
+
 class CPUBackend(base.Backend):
     name = "cpu"
 
@@ -81,20 +94,24 @@ class CPUBackend(base.Backend):
         buf, final = _result(plan, plan.output_shape, out, wide)
         ks = kernels.for_plan(plan)
         kern = ks.forward_cl if plan.channels_last else ks.forward_cf
-        kern(_compute(x).reshape(plan.input_shape5), _compute(w).reshape(plan.filter_shape5),
-             buf.reshape(plan.output_shape5), *_params(plan))
+        if not _nothing_to_do(buf, x, w):
+            kern(_compute(x).reshape(plan.input_shape5), _compute(w).reshape(plan.filter_shape5),
+                 buf.reshape(plan.output_shape5), *_params(plan))
         return _finish(plan, buf, final)
 
     def depthwise_backprop_input(self, plan, dy, w, out=None, wide=False):
         buf, final = _result(plan, plan.input_shape, out, wide)
         ks = kernels.for_plan(plan)
         kern = ks.backprop_input_cl if plan.channels_last else ks.backprop_input_cf
-        kern(_compute(dy).reshape(plan.output_shape5), _compute(w).reshape(plan.filter_shape5),
-             buf.reshape(plan.input_shape5), *_params(plan))
+        if not _nothing_to_do(buf, dy, w):
+            kern(_compute(dy).reshape(plan.output_shape5), _compute(w).reshape(plan.filter_shape5),
+                 buf.reshape(plan.input_shape5), *_params(plan))
         return _finish(plan, buf, final)
 
     def depthwise_backprop_filter(self, plan, x, dy, out=None, wide=False):
         buf, final = _result(plan, plan.filter_shape, out, wide)
+        if _nothing_to_do(buf, x, dy):
+            return _finish(plan, buf, final)
         x5 = _compute(x).reshape(plan.input_shape5)
         dy5 = _compute(dy).reshape(plan.output_shape5)
         n = plan.batch

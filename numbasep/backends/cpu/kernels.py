@@ -20,7 +20,8 @@ Two paths share every kernel:
   helpers. ``kernel_set(0, 0)`` is the generic-only set.
 
 Taps are always summed in the order (kd, kh, kw), so both paths give the same
-sums. Parallel tasks own the outputs they write: no atomics, no races. The
+sums. Kernels release the GIL (``nogil=True``): Python threads may call the
+operators concurrently; each call owns its output and scratch buffers. Parallel tasks own the outputs they write: no atomics, no races. The
 filter gradient sums per-chunk partial filters in a fixed order, with a
 chunking that depends on the problem only, never on the thread count, so
 results are bitwise reproducible.
@@ -282,7 +283,7 @@ def _bfil_cf_row(x, dyrow, part, n, c, m, od, oh, o_lo, o_hi, sd, sh, sw, rd, rh
                 part[kd, kh, kw, c, m] = s
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True)
 def sum_partials(parts, dw):
     """dw = parts[0] + parts[1] + ... in that order, for every filter element."""
     P = parts.shape[0]
@@ -321,7 +322,7 @@ def kernel_set(KH, KW):
 def _build(KH, KW):
     UNROLL = KH > 0
 
-    @njit(parallel=True, cache=True)
+    @njit(parallel=True, nogil=True, cache=True)
     def forward_cl(x, w, y, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         N, D, H, W, C = x.shape
         KD, M = w.shape[0], w.shape[4]
@@ -353,7 +354,7 @@ def _build(KH, KW):
                 yrow[:, :] = 0
                 _fwd_cl_row(x, w, yrow, n, od, oh, 0, OW, sd, sh, sw, rd, rh, rw, pd, ph, pw)
 
-    @njit(parallel=True, cache=True)
+    @njit(parallel=True, nogil=True, cache=True)
     def forward_cf(x, w, y, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         # Channels-first rows are contiguous along ow: a pass per tap over the row
         # vectorises well; an unrolled tap loop measured slower here.
@@ -370,7 +371,7 @@ def _build(KH, KW):
                     _fwd_cf_row(x, w, yrow, n, c, m, od, oh, 0, OW,
                                 sd, sh, sw, rd, rh, rw, pd, ph, pw)
 
-    @njit(parallel=True, cache=True)
+    @njit(parallel=True, nogil=True, cache=True)
     def backprop_input_cl(dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         N, D, H, W, C = dx.shape
         KD, M = w.shape[0], w.shape[4]
@@ -406,7 +407,7 @@ def _build(KH, KW):
                 dxrow[:, :] = 0
                 _bin_cl_row(dy, w, dxrow, n, id_, ih, 0, W, sd, sh, sw, rd, rh, rw, pd, ph, pw)
 
-    @njit(parallel=True, cache=True)
+    @njit(parallel=True, nogil=True, cache=True)
     def backprop_input_cf(dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         N, C, D, H, W = dx.shape
         M = w.shape[4]
@@ -420,7 +421,7 @@ def _build(KH, KW):
                         _bin_cf_row(dy, w, dxrow, n, c, m, id_, ih, 0, W,
                                     sd, sh, sw, rd, rh, rw, pd, ph, pw)
 
-    @njit(parallel=True, cache=True)
+    @njit(parallel=True, nogil=True, cache=True)
     def backprop_filter_cl(x, dy, parts, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         N, D, H, W, C = x.shape
         P, KD, M = parts.shape[0], parts.shape[1], parts.shape[5]
@@ -455,7 +456,7 @@ def _build(KH, KW):
                     _bfil_cl_row(x, dyrow, part, n, od, oh, 0, OW,
                                  sd, sh, sw, rd, rh, rw, pd, ph, pw)
 
-    @njit(parallel=True, cache=True, fastmath=_REDUCE_MATH)
+    @njit(parallel=True, nogil=True, cache=True, fastmath=_REDUCE_MATH)
     def backprop_filter_cf(x, dy, parts, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         N, C, D, H, W = x.shape
         P, KD, M = parts.shape[0], parts.shape[1], parts.shape[5]

@@ -146,6 +146,22 @@ def _contiguous(arr):
     return dst
 
 
+def _zero_if_empty_operand(dst, *operands):
+    """Fill ``dst`` with zeros and return True when an operand has no elements.
+
+    Every sum is then empty; launching anyway could loop over the huge other
+    dimensions an empty tensor may have (a (2**30, 2**30, 1, 0) input, say).
+    """
+    if all(a.size for a in operands):
+        return False
+    if dst.size:
+        if dst.dtype.itemsize == 2:
+            dst.view(np.uint16)[:] = 0
+        else:
+            dst[:] = 0
+    return True
+
+
 def _copy_into(dst, src):
     """Device-to-device ``dst[:] = src`` for arrays of one shape and dtype.
 
@@ -328,7 +344,7 @@ class CUDABackend(base.Backend):
     # -- depthwise ------------------------------------------------------------------
     def depthwise_forward(self, plan, x, w, out=None, wide=False):
         y = self._result(plan, plan.output_shape, out, wide)
-        if y.size == 0:
+        if y.size == 0 or _zero_if_empty_operand(y, x, w):
             return y
         name = "forward_cl" if plan.channels_last else "forward_cf"
         self._launch_depthwise(name, plan, (x, w), (plan.input_shape5, plan.filter_shape5),
@@ -337,7 +353,7 @@ class CUDABackend(base.Backend):
 
     def depthwise_backprop_input(self, plan, dy, w, out=None, wide=False):
         dx = self._result(plan, plan.input_shape, out, wide)
-        if dx.size == 0:
+        if dx.size == 0 or _zero_if_empty_operand(dx, dy, w):
             return dx
         name = "backprop_input_cl" if plan.channels_last else "backprop_input_cf"
         self._launch_depthwise(name, plan, (dy, w), (plan.output_shape5, plan.filter_shape5),
@@ -348,7 +364,7 @@ class CUDABackend(base.Backend):
         dw = self._result(plan, plan.filter_shape, out, wide)
         taps = _size(plan.kernel)
         cm = plan.out_channels
-        if dw.size == 0:
+        if dw.size == 0 or _zero_if_empty_operand(dw, x, dy):
             return dw
         xk = _bits(_view(x, plan.input_shape5))
         dyk = _bits(_view(dy, plan.output_shape5))
