@@ -283,6 +283,96 @@ def _bfil_cf_row(x, dyrow, part, n, c, m, od, oh, o_lo, o_hi, sd, sh, sw, rd, rh
                 part[kd, kh, kw, c, m] = s
 
 
+@njit(inline="always")
+def _fwd_cf_flat(xp, w, yp, c, m, r0, r1, rh, rw, ph, pw):
+    """Stride-1 rows [r0, r1) of one channels-first output plane whose width equals
+    the input's: each tap is then one constant offset into the flattened input
+    plane, so a tap is a single long vectorised pass instead of a pass per row.
+    Columns whose window wraps across a row edge come out wrong here and are
+    recomputed by the caller (the border columns)."""
+    H, W = xp.shape
+    KH, KW = w.shape[1], w.shape[2]
+    xf = xp.reshape(H * W)
+    yf = yp.reshape(yp.shape[0] * W)
+    lo, hi = r0 * W, r1 * W
+    first = True
+    for kh in range(KH):
+        for kw in range(KW):
+            off = (kh * rh - ph) * W + kw * rw - pw
+            s, e = _clip(lo, hi, -off, H * W - off)
+            wv = w[0, kh, kw, c, m]
+            if first:
+                for i in range(s, e):
+                    yf[_u(i)] = xf[_u(i + off)] * wv
+                first = False
+            else:
+                for i in range(s, e):
+                    yf[_u(i)] += xf[_u(i + off)] * wv
+
+
+@njit(inline="always")
+def _fwd_cf_cols(xp, w, yrow, c, m, oh, o_lo, o_hi, rh, rw, ph, pw):
+    """Columns [o_lo, o_hi) of a stride-1 channels-first output row, tap by tap with
+    border checks (the few columns a flat pass gets wrong)."""
+    H, W = xp.shape
+    KH, KW = w.shape[1], w.shape[2]
+    for ow in range(o_lo, o_hi):
+        yrow[ow] = 0
+        for kh in range(KH):
+            ih = oh - ph + kh * rh
+            if ih < 0 or ih >= H:
+                continue
+            for kw in range(KW):
+                iw = ow - pw + kw * rw
+                if 0 <= iw < W:
+                    yrow[ow] += xp[ih, iw] * w[0, kh, kw, c, m]
+
+
+@njit(inline="always")
+def _bin_cf_cols(dy, w, dxrow, n, c, od, ih, i_lo, i_hi, rh, rw, ph, pw):
+    """Columns [i_lo, i_hi) of a stride-1 channels-first input-gradient row, tap by
+    tap with border checks (the few columns a flat pass gets wrong)."""
+    OH, OW = dy.shape[3], dy.shape[4]
+    KH, KW, M = w.shape[1], w.shape[2], w.shape[4]
+    for iw in range(i_lo, i_hi):
+        dxrow[iw] = 0
+        for m in range(M):
+            dyp = dy[n, c * M + m, od]
+            for kh in range(KH):
+                oh = ih + ph - kh * rh
+                if oh < 0 or oh >= OH:
+                    continue
+                for kw in range(KW):
+                    ow = iw + pw - kw * rw
+                    if 0 <= ow < OW:
+                        dxrow[iw] += dyp[oh, ow] * w[0, kh, kw, c, m]
+
+
+@njit(inline="always")
+def _bin_cf_flat(dyp, w, dxp, c, m, r0, r1, rh, rw, ph, pw):
+    """Input-gradient twin of :func:`_fwd_cf_flat`: rows [r0, r1) of a dx plane, for
+    stride 1 and equal input and output widths; accumulates output channel c*M+m
+    (the first channel, m == 0, assigns)."""
+    OH, W = dyp.shape
+    KH, KW = w.shape[1], w.shape[2]
+    dyf = dyp.reshape(OH * W)
+    dxf = dxp.reshape(dxp.shape[0] * W)
+    lo, hi = r0 * W, r1 * W
+    first = m == 0
+    for kh in range(KH):
+        for kw in range(KW):
+            off = (ph - kh * rh) * W + pw - kw * rw
+            s, e = _clip(lo, hi, -off, OH * W - off)
+            wv = w[0, kh, kw, c, m]
+            if first:
+                for i in range(s, e):
+                    dxf[_u(i)] = dyf[_u(i + off)] * wv
+                first = False
+            else:
+                for i in range(s, e):
+                    dxf[_u(i)] += dyf[_u(i + off)] * wv
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def sum_partials(parts, dw):
     """dw = parts[0] + parts[1] + ... in that order, for every filter element."""
@@ -354,18 +444,78 @@ def _build(KH, KW):
                 yrow[:, :] = 0
                 _fwd_cl_row(x, w, yrow, n, od, oh, 0, OW, sd, sh, sw, rd, rh, rw, pd, ph, pw)
 
+    @njit(inline="always")
+    def _fwd_cf_flat_unrolled(xp, w, yp, c, m, r0, r1, rh, rw, ph, pw):
+        # One pass with every tap in registers; positions where some tap would
+        # leave the plane are left for the border columns.
+        H, W = xp.shape
+        xf = xp.reshape(H * W)
+        yf = yp.reshape(yp.shape[0] * W)
+        lo = ph * W + pw
+        lo = lo if lo > r0 * W else r0 * W
+        hi = H * W - ((KH - 1) * rh - ph) * W - (KW - 1) * rw + pw
+        hi = hi if hi < r1 * W else r1 * W
+        base = -ph * W - pw
+        for i in range(lo, hi):
+            acc = xf[_u(i + base)] * w[0, 0, 0, c, m]
+            for kh in range(KH):
+                for kw in range(KW):
+                    if kh + kw > 0:
+                        acc += xf[_u(i + base + kh * rh * W + kw * rw)] * w[0, kh, kw, c, m]
+            yf[_u(i)] = acc
+
+    @njit(inline="always")
+    def _bin_cf_flat_unrolled(dyp, w, dxp, c, r0, r1, rh, rw, ph, pw):
+        # Input-gradient twin of _fwd_cf_flat_unrolled (stride 1, M == 1).
+        OH, W = dyp.shape
+        dyf = dyp.reshape(OH * W)
+        dxf = dxp.reshape(dxp.shape[0] * W)
+        base = ph * W + pw
+        lo = (KH - 1) * rh * W + (KW - 1) * rw - base
+        lo = lo if lo > r0 * W else r0 * W
+        hi = OH * W - base
+        hi = hi if hi < r1 * W else r1 * W
+        for i in range(lo, hi):
+            acc = dyf[_u(i + base)] * w[0, 0, 0, c, 0]
+            for kh in range(KH):
+                for kw in range(KW):
+                    if kh + kw > 0:
+                        acc += dyf[_u(i + base - kh * rh * W - kw * rw)] * w[0, kh, kw, c, 0]
+            dxf[_u(i)] = acc
+
     @njit(parallel=True, nogil=True, cache=True)
     def forward_cf(x, w, y, sd, sh, sw, rd, rh, rw, pd, ph, pw):
-        # Channels-first rows are contiguous along ow: a pass per tap over the row
-        # vectorises well; an unrolled tap loop measured slower here.
         N, C, D, H, W = x.shape
-        M = w.shape[4]
+        KD, KH_, KW_, _, M = w.shape
         _, CM, OD, OH, OW = y.shape
+        a, b = _interior(W, pw, KW_, rw, sw, OW)
+        # Rows every tap of the window falls in (meaningful for stride 1).
+        r0 = ph if ph < OH else OH
+        r1 = H + ph - (KH_ - 1) * rh
+        r1 = r1 if r1 < OH else OH
+        r1 = r1 if r1 > r0 else r0
+        flat = KD == 1 and sh == 1 and sw == 1 and OW == W
         for job in prange(N * CM):
             n, k = _split(job, CM)
             c, m = _split(k, M)
             for od in range(OD):
+                id_ = od * sd - pd
+                if flat and 0 <= id_ < D and r0 < r1:
+                    xp = x[n, c, id_]
+                    if UNROLL:
+                        _fwd_cf_flat_unrolled(xp, w, y[n, k, od], c, m, r0, r1, rh, rw, ph, pw)
+                    else:
+                        _fwd_cf_flat(xp, w, y[n, k, od], c, m, r0, r1, rh, rw, ph, pw)
+                    for oh in range(r0, r1):
+                        yrow = y[n, k, od, oh]
+                        _fwd_cf_cols(xp, w, yrow, c, m, oh, 0, a, rh, rw, ph, pw)
+                        _fwd_cf_cols(xp, w, yrow, c, m, oh, b, OW, rh, rw, ph, pw)
+                    lo, hi = r0, r1
+                else:
+                    lo, hi = 0, 0
                 for oh in range(OH):
+                    if lo <= oh < hi:
+                        continue
                     yrow = y[n, k, od, oh]
                     yrow[:] = 0
                     _fwd_cf_row(x, w, yrow, n, c, m, od, oh, 0, OW,
@@ -410,11 +560,45 @@ def _build(KH, KW):
     @njit(parallel=True, nogil=True, cache=True)
     def backprop_input_cf(dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         N, C, D, H, W = dx.shape
-        M = w.shape[4]
+        KD, KH_, KW_, _, M = w.shape
+        _, CM, OD, OH, OW = dy.shape
+        # stride 1: dx[i] = sum_t dy[i + p - t*r] * w[t]; interior rows/columns are
+        # those where every tap lands inside dy.
+        a = (KW_ - 1) * rw - pw
+        a = a if a > 0 else 0
+        a = a if a < W else W
+        b = OW - pw
+        b = b if b < W else W
+        b = b if b > a else a
+        r0 = (KH_ - 1) * rh - ph
+        r0 = r0 if r0 > 0 else 0
+        r0 = r0 if r0 < H else H
+        r1 = OH - ph
+        r1 = r1 if r1 < H else H
+        r1 = r1 if r1 > r0 else r0
+        flat = KD == 1 and sd == 1 and sh == 1 and sw == 1 and OW == W
         for job in prange(N * C):
             n, c = _split(job, C)
             for id_ in range(D):
+                od = id_ + pd
+                if flat and od < OD and r0 < r1:
+                    dxp = dx[n, c, id_]
+                    if UNROLL and M == 1:
+                        _bin_cf_flat_unrolled(dy[n, c, od], w, dxp, c, r0, r1, rh, rw, ph, pw)
+                    else:
+                        for m in range(M):
+                            _bin_cf_flat(dy[n, c * M + m, od], w, dxp, c, m, r0, r1, rh, rw,
+                                         ph, pw)
+                    for ih in range(r0, r1):
+                        dxrow = dxp[ih]
+                        _bin_cf_cols(dy, w, dxrow, n, c, od, ih, 0, a, rh, rw, ph, pw)
+                        _bin_cf_cols(dy, w, dxrow, n, c, od, ih, b, W, rh, rw, ph, pw)
+                    lo, hi = r0, r1
+                else:
+                    lo, hi = 0, 0
                 for ih in range(H):
+                    if lo <= ih < hi:
+                        continue
                     dxrow = dx[n, c, id_, ih]
                     dxrow[:] = 0
                     for m in range(M):
