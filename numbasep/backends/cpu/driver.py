@@ -6,7 +6,9 @@ so every sum is kept in float32 whatever the storage format.
 """
 
 import copy
+import threading
 
+import numba
 import numpy as np
 
 from .. import base
@@ -58,6 +60,24 @@ def _finish(plan, buf, final):
     if final is not buf:
         final[...] = buf
     return final
+
+
+_launch_lock = threading.Lock()
+_serialise = None   # None until Numba's threading layer is known
+
+
+def _launch(kern, *args):
+    """Run a parallel kernel. The kernels release the GIL, so Python threads may
+    launch them concurrently; Numba's ``workqueue`` layer aborts the process on
+    concurrent parallel regions, so under it (and until the layer is known)
+    launches take turns."""
+    global _serialise
+    if _serialise is False:
+        return kern(*args)
+    with _launch_lock:
+        kern(*args)
+        if _serialise is None:
+            _serialise = numba.threading_layer() == "workqueue"
 
 
 def _nothing_to_do(buf, *operands):
@@ -135,8 +155,9 @@ class CPUBackend(base.Backend):
         ks = kernels.for_plan(plan)
         kern = ks.forward_cl if plan.channels_last else ks.forward_cf
         if not _nothing_to_do(buf, x, w):
-            kern(_compute(x).reshape(plan.input_shape5), _compute(w).reshape(plan.filter_shape5),
-                 buf.reshape(plan.output_shape5), *_params(plan))
+            _launch(kern, _compute(x).reshape(plan.input_shape5),
+                    _compute(w).reshape(plan.filter_shape5), buf.reshape(plan.output_shape5),
+                    *_params(plan))
         return _finish(plan, buf, final)
 
     def depthwise_backprop_input(self, plan, dy, w, out=None, wide=False):
@@ -148,8 +169,9 @@ class CPUBackend(base.Backend):
         ks = kernels.for_plan(plan)
         kern = ks.backprop_input_cl if plan.channels_last else ks.backprop_input_cf
         if not _nothing_to_do(buf, dy, w):
-            kern(_compute(dy).reshape(plan.output_shape5), _compute(w).reshape(plan.filter_shape5),
-                 buf.reshape(plan.input_shape5), *_params(plan))
+            _launch(kern, _compute(dy).reshape(plan.output_shape5),
+                    _compute(w).reshape(plan.filter_shape5), buf.reshape(plan.input_shape5),
+                    *_params(plan))
         return _finish(plan, buf, final)
 
     def depthwise_backprop_filter(self, plan, x, dy, out=None, wide=False):
@@ -172,8 +194,8 @@ class CPUBackend(base.Backend):
         fsize = int(np.prod(plan.filter_shape5))
         chunks = kernels.partial_chunks(rows, fsize)
         parts = np.empty((chunks,) + plan.filter_shape5, buf.dtype)
-        kern(x5, dy5, parts, *_params(plan))
-        kernels.sum_partials(parts, buf.reshape(plan.filter_shape5))
+        _launch(kern, x5, dy5, parts, *_params(plan))
+        _launch(kernels.sum_partials, parts, buf.reshape(plan.filter_shape5))
         return _finish(plan, buf, final)
 
     # -- pointwise (a GEMM through NumPy's BLAS) ------------------------------------
