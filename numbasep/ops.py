@@ -17,7 +17,12 @@ def _out(be, out, shape, dtype, name="out"):
     """Check a caller-supplied result array; ``None`` means "allocate one"."""
     if out is None:
         return None
-    native = be.check_out(out, name)
+    try:
+        native = be.check_out(out, name)
+    except ValueError as e:   # e.g. a read-only out: still an invalid argument (SPEC §4)
+        if isinstance(e, InvalidArgumentError):
+            raise
+        raise InvalidArgumentError(str(e)) from None
     got = be.shape(native)
     if got != tuple(shape):
         raise InvalidArgumentError(f"{name} must have shape {tuple(shape)}, got {got}")
@@ -34,6 +39,65 @@ def _outs(out, count):
         raise InvalidArgumentError(
             f"out must be a tuple of {count} arrays (or None entries), got {type(out).__name__}")
     return tuple(out)
+
+
+# Upper bound, in elements, of the filter gradients' per-chunk partial sums
+# (both backends cap them near 2**22 elements unless one filter is larger).
+_PARTIAL_ELEMS = 1 << 22
+_RAW_ATTRS = "strides, padding, explicit_paddings and dilations"
+_KERAS_ATTRS = "strides, padding and dilation_rate"
+
+
+def _prod(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _contiguous(a):
+    test = getattr(a, "is_c_contiguous", None)   # numba device arrays
+    return test() if test is not None else bool(a.flags.c_contiguous)
+
+
+def _check_memory(be, plan, results, arrays, culprits, temps=(), filter_grad=False,
+                  data=("input", "out_backprop", "inputs", "out_grad")):
+    """Refuse, before anything is allocated, a call that could not fit in memory.
+
+    Counts, in bytes: every result (its dtype, plus an accumulation-dtype buffer
+    for 16-bit results or results written into a caller's ``out``), the
+    intermediates ``temps`` (output-shaped, accumulation dtype), the filter
+    gradient's partial sums, and a compute copy of every array argument that is
+    16-bit (widened) or not C-contiguous (e.g. a broadcast view). A channels-first
+    problem may be computed as channels-last: then every argument named in
+    ``data`` is copied, and every data-layout result (``results`` entries with a
+    true fourth item) and intermediate has a channels-last buffer too. Raises
+    :class:`InvalidArgumentError` when the total exceeds :func:`shapes.memory_limit`.
+    """
+    item = plan.dtype.itemsize
+    acc = dtypes.accumulator(plan.dtype)
+    cf = not plan.channels_last
+    parts = []
+    for label, shape, given, in_layout in results:
+        n = _prod(shape)
+        nbytes = n * acc.itemsize if given else \
+            n * item + (n * acc.itemsize if acc.itemsize != item else 0)
+        if cf and in_layout and not given and acc.itemsize == item:
+            nbytes += n * acc.itemsize          # the channels-last buffer
+        parts.append((f"{label} of shape {tuple(shape)} ({plan.dtype.name})", nbytes))
+    parts += [(f"an intermediate of shape {tuple(t)} ({acc.name})",
+               _prod(t) * acc.itemsize * (2 if cf else 1)) for t in temps]
+    if filter_grad:
+        f = _prod(plan.filter_shape)
+        parts.append(("the filter gradient's partial sums",
+                      min(64 * f, max(f, _PARTIAL_ELEMS)) * acc.itemsize))
+    for name, a in arrays:
+        if dtypes.is_16bit(be.dtype(a)) or not _contiguous(a) or (cf and name in data):
+            parts.append((f"a contiguous {acc.name} copy of {name} (shape {be.shape(a)})",
+                          _prod(be.shape(a)) * acc.itemsize))
+    total = sum(nbytes for _, nbytes in parts)
+    what = max(parts, key=lambda p: p[1])[0] if parts else "nothing"
+    shapes.check_memory(total, what, culprits)
 
 
 # ------------------------------------------------------------------ TensorFlow family
@@ -91,6 +155,8 @@ def depthwise_conv2d_native(input, filter, strides, padding, explicit_paddings=(
                               explicit_paddings, data_format, dilations)
     plan.dtype = _dtype(be, (("input", x), ("filter", w)))
     o = _out(be, out, plan.output_shape, plan.dtype)
+    _check_memory(be, plan, [("the output", plan.output_shape, o is not None, True)],
+                  (("input", x), ("filter", w)), "input, filter, " + _RAW_ATTRS)
     return be.wrap(be.depthwise_forward(plan, x, w, o), input)
 
 
@@ -139,6 +205,9 @@ def depthwise_conv2d_native_backprop_input(input_sizes, filter, out_backprop, st
                                      explicit_paddings, data_format, dilations)
     plan.dtype = _dtype(be, (("filter", w), ("out_backprop", dy)))
     o = _out(be, out, plan.input_shape, plan.dtype)
+    _check_memory(be, plan, [("the input gradient", plan.input_shape, o is not None, True)],
+                  (("filter", w), ("out_backprop", dy)),
+                  "input_sizes, filter, out_backprop, " + _RAW_ATTRS)
     return be.wrap(be.depthwise_backprop_input(plan, dy, w, o), out_backprop)
 
 
@@ -187,6 +256,9 @@ def depthwise_conv2d_native_backprop_filter(input, filter_sizes, out_backprop, s
                                       padding, explicit_paddings, data_format, dilations)
     plan.dtype = _dtype(be, (("input", x), ("out_backprop", dy)))
     o = _out(be, out, plan.filter_shape, plan.dtype)
+    _check_memory(be, plan, [("the filter gradient", plan.filter_shape, o is not None, False)],
+                  (("input", x), ("out_backprop", dy)),
+                  "filter_sizes, input, out_backprop, " + _RAW_ATTRS, filter_grad=True)
     return be.wrap(be.depthwise_backprop_filter(plan, x, dy, o), input)
 
 
@@ -232,6 +304,8 @@ def depthwise_conv(inputs, kernel, strides=1, padding="valid", data_format=None,
     plan = shapes.keras(be.shape(x), be.shape(w), strides, padding, data_format, dilation_rate)
     plan.dtype = _dtype(be, (("inputs", x), ("kernel", w)))
     o = _out(be, out, plan.output_shape, plan.dtype)
+    _check_memory(be, plan, [("the output", plan.output_shape, o is not None, True)],
+                  (("inputs", x), ("kernel", w)), "inputs, kernel, " + _KERAS_ATTRS)
     return be.wrap(be.depthwise_forward(plan, x, w, o), inputs)
 
 
@@ -276,6 +350,10 @@ def separable_conv(inputs, depthwise_kernel, pointwise_kernel, strides=1, paddin
     plan.dtype = _dtype(be, (("inputs", x), ("depthwise_kernel", dk),
                              ("pointwise_kernel", pk)))
     o = _out(be, out, plan.separable_output_shape, plan.dtype)
+    _check_memory(be, plan, [("the output", plan.separable_output_shape, o is not None, False)],
+                  (("inputs", x), ("depthwise_kernel", dk), ("pointwise_kernel", pk)),
+                  "inputs, depthwise_kernel, pointwise_kernel, " + _KERAS_ATTRS,
+                  temps=(plan.output_shape,))
     return be.wrap(be.separable_forward(plan, x, dk, pk, o), inputs)
 
 
@@ -314,6 +392,11 @@ def depthwise_conv_grad(inputs, kernel, out_grad, strides=1, padding="valid",
     o_dx, o_dw = _outs(out, 2)
     o_dx = _out(be, o_dx, plan.input_shape, plan.dtype, "out[0]")
     o_dw = _out(be, o_dw, plan.filter_shape, plan.dtype, "out[1]")
+    _check_memory(be, plan, [("the inputs gradient", plan.input_shape, o_dx is not None, True),
+                             ("the kernel gradient", plan.filter_shape, o_dw is not None,
+                              False)],
+                  (("inputs", x), ("kernel", w), ("out_grad", dy)),
+                  "inputs, kernel, out_grad, " + _KERAS_ATTRS, filter_grad=True)
     dx, dw = be.depthwise_grad(plan, x, w, dy, o_dx, o_dw)
     return be.wrap(dx, inputs), be.wrap(dw, inputs)
 
@@ -360,5 +443,14 @@ def separable_conv_grad(inputs, depthwise_kernel, pointwise_kernel, out_grad, st
     o_dx = _out(be, o_dx, plan.input_shape, plan.dtype, "out[0]")
     o_dk = _out(be, o_dk, plan.filter_shape, plan.dtype, "out[1]")
     o_pk = _out(be, o_pk, plan.pointwise_shape, plan.dtype, "out[2]")
+    _check_memory(be, plan, [("the inputs gradient", plan.input_shape, o_dx is not None, True),
+                             ("the depthwise_kernel gradient", plan.filter_shape,
+                              o_dk is not None, False),
+                             ("the pointwise_kernel gradient", plan.pointwise_shape,
+                              o_pk is not None, False)],
+                  (("inputs", x), ("depthwise_kernel", dk), ("pointwise_kernel", pk),
+                   ("out_grad", dy)),
+                  "inputs, depthwise_kernel, pointwise_kernel, out_grad, " + _KERAS_ATTRS,
+                  temps=(plan.output_shape,) * 3, filter_grad=True)
     dx, ddk, dpk = be.separable_grad(plan, x, dk, pk, dy, o_dx, o_dk, o_pk)
     return be.wrap(dx, inputs), be.wrap(ddk, inputs), be.wrap(dpk, inputs)

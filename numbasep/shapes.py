@@ -10,6 +10,8 @@ dimensions a 1-D or 2-D problem lacks set to size 1 (kernel 1, stride 1,
 dilation 1, no padding), so one kernel per operator and layout serves all ranks.
 """
 
+import os
+
 from .errors import InvalidArgumentError
 
 INT32_MAX = 2**31 - 1
@@ -167,12 +169,18 @@ def _show(values):
 
 
 def _check_product(sizes, name):
+    """Reject shapes no array can have: the product of the non-zero sizes, in bytes
+    of the widest dtype, must fit in int64 (an empty shape with huge other sizes is
+    no more representable than a full one; float32 is the narrowest dtype that
+    reaches the kernels)."""
     total = 1
     for s in sizes:
-        total *= s
-        if total > INT64_MAX:
-            raise InvalidArgumentError(
-                f"{name} {list(sizes)} has more elements than fit in int64")
+        if s:
+            total *= s
+            if total > INT64_MAX // 4:
+                raise InvalidArgumentError(
+                    f"{name} {list(sizes)} has more elements than fit in int64 "
+                    f"(as bytes of an array)")
     return total
 
 
@@ -213,7 +221,7 @@ class _RawAttrs:
 def _raw_attrs(strides, padding, explicit_paddings, data_format, dilations):
     """Validate the attributes shared by the three TensorFlow ops (SPEC §4 rules 1-3, 7)."""
     a = _RawAttrs()
-    if data_format not in _RAW_FORMATS:
+    if not isinstance(data_format, str) or data_format not in _RAW_FORMATS:
         raise InvalidArgumentError(
             f"data_format must be 'NHWC' or 'NCHW', got {data_format!r}")
     a.fmt = data_format
@@ -291,6 +299,8 @@ def _sizes_arg(value, name):
     for v in sizes:
         if v < 0:
             raise InvalidArgumentError(f"{name} must be non-negative, got {list(sizes)}")
+        if v > INT64_MAX:   # even when another entry is 0 and the product is 0
+            raise InvalidArgumentError(f"{name} entries must be < 2**63, got {list(sizes)}")
     _check_product(sizes, name)
     return sizes
 
@@ -327,7 +337,9 @@ def _raw_plan(a, input_shape, filter_shape, input_name, filter_name):
         ins.append(size)
         outs.append(o)
         pads.append(p)
-    _check_product((n, outs[0], outs[1], c, m), "the output shape")
+    _check_product((n, outs[0], outs[1], c, m),
+                   f"the output shape (from {input_name}, {filter_name}, strides, padding, "
+                   f"explicit_paddings and dilations)")
     return Plan(2, a.fmt == "NHWC", n, c, m, ins, filter_shape[:2], outs, a.strides,
                 a.dilations, pads)
 
@@ -494,9 +506,10 @@ def keras(inputs_shape, kernel_shape, strides=1, padding="valid", data_format=No
         filters = pointwise_shape[-1]
     plan = Plan(ndim, channels_last, n, c, m, spatial, ks, outs, st, dl, pads,
                 filters=filters)
-    _check_product(plan.output_shape, "the output shape")
+    culprits = "(from inputs, kernel, strides, padding and dilation_rate)"
+    _check_product(plan.output_shape, f"the output shape {culprits}")
     if filters is not None:
-        _check_product(plan.separable_output_shape, "the output shape")
+        _check_product(plan.separable_output_shape, f"the output shape {culprits}")
     if out_grad_shape is not None:
         want = plan.output_shape if filters is None else plan.separable_output_shape
         if tuple(out_grad_shape) != want:
@@ -504,3 +517,67 @@ def keras(inputs_shape, kernel_shape, strides=1, padding="valid", data_format=No
                 f"out_grad must have the shape of the operator's output, {want}, "
                 f"got {tuple(out_grad_shape)}")
     return plan
+
+
+# --------------------------------------------------------------------------- memory
+
+MAX_BYTES_ENV = "NUMBASEP_MAX_BYTES"
+
+
+def _physical_memory():
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not POSIX, or not reported
+        return None
+
+
+_PHYSICAL_MEMORY = _physical_memory()
+
+
+def memory_limit():
+    """The most bytes one operator call may allocate, or None for no limit.
+
+    ``NUMBASEP_MAX_BYTES`` (an integer number of bytes, read on every call) when
+    set, else the machine's physical memory (``os.sysconf``): a request that
+    could not fit even in all of it is refused up front instead of failing
+    inside an allocation, or being killed by the operating system, midway.
+    """
+    value = os.environ.get(MAX_BYTES_ENV)
+    if value:
+        try:
+            limit = int(value)
+        except ValueError:
+            limit = 0
+        if limit <= 0:
+            raise InvalidArgumentError(
+                f"{MAX_BYTES_ENV} must be a positive integer number of bytes, got {value!r}")
+        return limit
+    return _PHYSICAL_MEMORY
+
+
+def _bytes(n):
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if n < 1024 or unit == "EiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def check_memory(nbytes, what, culprits):
+    """Refuse a call whose results and workspace would need more than :func:`memory_limit`.
+
+    Parameters
+    ----------
+    nbytes : int
+        Bytes the call would allocate (results, intermediates, copies).
+    what : str
+        The largest allocation, e.g. ``"an output of shape (1, 9, 9, 2) float32"``.
+    culprits : str
+        The arguments that determine the sizes, named in the message.
+    """
+    limit = memory_limit()
+    if limit is not None and nbytes > limit:
+        source = (f"set by {MAX_BYTES_ENV}" if os.environ.get(MAX_BYTES_ENV)
+                  else f"the machine's physical memory; set {MAX_BYTES_ENV} to change it")
+        raise InvalidArgumentError(
+            f"this call would need {_bytes(nbytes)} ({nbytes} bytes) of memory for {what}, "
+            f"more than the limit of {_bytes(limit)} ({source}); check {culprits}")

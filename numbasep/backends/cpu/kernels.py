@@ -73,6 +73,8 @@ def _split(job, b):
 def _interior(size, pad, k, r, s, out_size):
     """Output range [a, b) where all k taps of a window fall inside the input."""
     a = _first_valid(pad, 0, r, s)
+    if a > out_size:
+        a = out_size
     b = _end_valid(size, pad, k - 1, r, s, out_size)
     if b < a:
         b = a
