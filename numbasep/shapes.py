@@ -169,18 +169,12 @@ def _show(values):
 
 
 def _check_product(sizes, name):
-    """Reject shapes no array can have: the product of the non-zero sizes, in bytes
-    of the widest dtype, must fit in int64 (an empty shape with huge other sizes is
-    no more representable than a full one; float32 is the narrowest dtype that
-    reaches the kernels)."""
     total = 1
     for s in sizes:
-        if s:
-            total *= s
-            if total > INT64_MAX // 4:
-                raise InvalidArgumentError(
-                    f"{name} {list(sizes)} has more elements than fit in int64 "
-                    f"(as bytes of an array)")
+        total *= s
+        if total > INT64_MAX:
+            raise InvalidArgumentError(
+                f"{name} {list(sizes)} has more elements than fit in int64")
     return total
 
 
