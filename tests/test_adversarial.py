@@ -36,17 +36,28 @@ The CUDA backend gets the same treatment on device arrays (numba's simulator whe
 there is no GPU, tiny shapes, fewer examples); it is skipped with the reason when
 the backend cannot be loaded.
 
-Profiles (tests/conftest.py): the default "ci" runs 60 calls per CPU operator and 6
-per CUDA operator (about 650 calls, a minute or two on 2 cores once the kernels are
-in numba's cache); the longer run is
+Profiles (tests/conftest.py): the default "ci" runs 200 calls per CPU operator and 5
+per CUDA operator (2 050 calls; well under a minute on 2 cores once the kernels are
+in numba's cache, the CUDA simulator's share included); the longer run is
 
     HYPOTHESIS_PROFILE=thorough python -m pytest tests/test_adversarial.py
 
-which scales both by 25 (about 16 000 calls). ``NUMBASEP_ADVERSARIAL_SCALE`` (a
-float) multiplies the example counts further.
+which scales both by 25 (about 51 000 calls, roughly half an hour on 2 cores).
+``NUMBASEP_ADVERSARIAL_SCALE`` (a float) multiplies the example counts further.
+
+The generators lean towards the corners where bugs live: empty tensors whose
+other extents are huge (a kernel looping over them would hang), windows wider than
+the row at stride 1 with paddings that keep the output as wide as the input (the
+channels-first kernels' flattened paths), and C-contiguous float32/float64 ``out``
+arrays followed by a guard region that the worker checks after each call (a write
+past the result's end is reported even when it does not crash).
+
+Besides the generated calls, ``test_index_safety_*`` run fixed calls whose index
+arithmetic exceeds 32 bits (strides, dilations and paddings of 2**31 - 1 on tiny
+arrays) through the same worker, and ``test_cuda_index_types`` checks that the
+CUDA kernels compute their indices in 64 bits.
 """
 
-import math
 import os
 import re
 
