@@ -15,9 +15,17 @@ def is_supported(dtype):
     return dtype.name in _FLOAT_NAMES and dtype.isnative
 
 
+_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
+
+
 def accumulator(dtype):
     """The dtype partial sums are kept in for inputs of ``dtype``."""
-    return np.dtype(np.float64) if dtype.name == "float64" else np.dtype(np.float32)
+    return _F64 if dtype == _F64 else _F32
+
+
+# The NumPy-native supported dtypes, for an identity check on the hot path
+# (bfloat16 takes the full check: recognising it would mean importing ml_dtypes).
+_KNOWN = frozenset(np.dtype(n) for n in ("float16", "float32", "float64"))
 
 
 def is_16bit(dtype):
@@ -38,6 +46,12 @@ def common_dtype(named_dtypes):
         When a dtype is not supported or the arguments disagree.
     """
     first_name, first = named_dtypes[0]
+    if first in _KNOWN:
+        for _, dt in named_dtypes:
+            if dt is not first and dt != first:
+                break
+        else:
+            return first
     for name, dt in named_dtypes:
         if not is_supported(dt):
             detail = " (non-native byte order)" if dt.name in _FLOAT_NAMES else ""

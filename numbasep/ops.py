@@ -77,6 +77,8 @@ def _check_memory(be, plan, results, arrays, culprits, temps=(), filter_grad=Fal
     item = plan.dtype.itemsize
     acc = dtypes.accumulator(plan.dtype)
     cf = not plan.channels_last
+    # (nbytes, description format, its arguments): the text is only built for a refusal,
+    # which keeps this check off the small-call overhead.
     parts = []
     for label, shape, given, in_layout in results:
         n = _prod(shape)
@@ -84,20 +86,25 @@ def _check_memory(be, plan, results, arrays, culprits, temps=(), filter_grad=Fal
             n * item + (n * acc.itemsize if acc.itemsize != item else 0)
         if cf and in_layout and not given and acc.itemsize == item:
             nbytes += n * acc.itemsize          # the channels-last buffer
-        parts.append((f"{label} of shape {tuple(shape)} ({plan.dtype.name})", nbytes))
-    parts += [(f"an intermediate of shape {tuple(t)} ({acc.name})",
-               _prod(t) * acc.itemsize * (2 if cf else 1)) for t in temps]
+        parts.append((nbytes, "{} of shape {} ({})", (label, tuple(shape), plan.dtype.name)))
+    for t in temps:
+        parts.append((_prod(t) * acc.itemsize * (2 if cf else 1),
+                      "an intermediate of shape {} ({})", (tuple(t), acc.name)))
     if filter_grad:
         f = _prod(plan.filter_shape)
-        parts.append(("the filter gradient's partial sums",
-                      min(64 * f, max(f, _PARTIAL_ELEMS)) * acc.itemsize))
+        parts.append((min(64 * f, max(f, _PARTIAL_ELEMS)) * acc.itemsize,
+                      "the filter gradient's partial sums", ()))
     for name, a in arrays:
         if dtypes.is_16bit(be.dtype(a)) or not _contiguous(a) or (cf and name in data):
-            parts.append((f"a contiguous {acc.name} copy of {name} (shape {be.shape(a)})",
-                          _prod(be.shape(a)) * acc.itemsize))
-    total = sum(nbytes for _, nbytes in parts)
-    what = max(parts, key=lambda p: p[1])[0] if parts else "nothing"
-    shapes.check_memory(total, what, culprits)
+            shape = be.shape(a)
+            parts.append((_prod(shape) * acc.itemsize, "a contiguous {} copy of {} (shape {})",
+                          (acc.name, name, shape)))
+    total = sum(p[0] for p in parts)
+    limit = shapes.memory_limit()
+    if limit is None or total <= limit:
+        return
+    _, fmt, args = max(parts, key=lambda p: p[0])
+    shapes.check_memory(total, fmt.format(*args), culprits)
 
 
 # ------------------------------------------------------------------ TensorFlow family

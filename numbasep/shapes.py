@@ -110,6 +110,13 @@ class Plan:
     def filter_shape5(self):
         return self.kernel + (self.channels, self.multiplier)
 
+    def clone(self):
+        """A copy the caller may change (plans are mutable: ``dtype`` is set later)."""
+        c = _new_plan(Plan)
+        for name in Plan.__slots__:
+            setattr(c, name, getattr(self, name))
+        return c
+
     def key(self):
         return (self.ndim, self.channels_last, self.batch, self.channels, self.multiplier,
                 self.in_sizes, self.kernel, self.out_sizes, self.strides, self.dilations,
@@ -127,6 +134,65 @@ class Plan:
                 f"output={self.output_shape}, strides={self.strides[3 - self.ndim:]}, "
                 f"dilations={self.dilations[3 - self.ndim:]}, "
                 f"pads_before={self.pads[3 - self.ndim:]}, dtype={self.dtype})")
+
+
+_new_plan = object.__new__
+
+
+# --------------------------------------------------------------------------- plan cache
+# Networks call the same few shapes over and over; validating them again costs more
+# than a small call's kernel. Plans are memoised by argument *values*, but only when
+# every argument is a plain str, int, None or flat list/tuple of ints: those are
+# values whose meaning cannot depend on anything but the value (a bool, a float, a
+# NumPy integer or an object with a custom __index__ always takes the validating path).
+
+_PLAN_CACHE = {}
+_PLAN_CACHE_MAX = 1024
+_UNCACHEABLE = object()
+
+
+def _plain(v):
+    t = type(v)
+    if t is int or t is str or v is None:
+        return v
+    if t is tuple or t is list:
+        for e in v:
+            if type(e) is not int:
+                return _UNCACHEABLE
+        return tuple(v)
+    return _UNCACHEABLE
+
+
+def _memoised(fn):
+    def planned(*args, **kwargs):
+        key = [fn.__name__]
+        for a in args:
+            k = _plain(a)
+            if k is _UNCACHEABLE:
+                return fn(*args, **kwargs)
+            key.append(k)
+        for name in sorted(kwargs):
+            k = _plain(kwargs[name])
+            if k is _UNCACHEABLE:
+                return fn(*args, **kwargs)
+            key += (name, k)
+        from . import config   # data_format=None means the current default
+        key.append(config.image_data_format())
+        key = tuple(key)
+        hit = _PLAN_CACHE.get(key)
+        if hit is None:
+            hit = fn(*args, **kwargs)
+            if len(_PLAN_CACHE) >= _PLAN_CACHE_MAX:
+                _PLAN_CACHE.clear()
+            _PLAN_CACHE[key] = hit.clone()
+            return hit
+        return hit.clone()
+
+    planned.__name__ = fn.__name__
+    planned.__qualname__ = fn.__qualname__
+    planned.__doc__ = fn.__doc__
+    planned.__wrapped__ = fn
+    return planned
 
 
 # --------------------------------------------------------------------------- helpers
@@ -357,6 +423,7 @@ def _check_out_backprop(plan, a, dy_shape, name="out_backprop"):
                 f"{dy_shape[ax]}, computed = {c}")
 
 
+@_memoised
 def raw_forward(input_shape, filter_shape, strides, padding, explicit_paddings=(),
                 data_format="NHWC", dilations=(1, 1, 1, 1)):
     """Plan for ``DepthwiseConv2dNative``."""
@@ -364,6 +431,7 @@ def raw_forward(input_shape, filter_shape, strides, padding, explicit_paddings=(
     return _raw_plan(a, tuple(input_shape), tuple(filter_shape), "input", "filter")
 
 
+@_memoised
 def raw_backprop_input(input_sizes, filter_shape, out_backprop_shape, strides, padding,
                        explicit_paddings=(), data_format="NHWC", dilations=(1, 1, 1, 1)):
     """Plan for ``DepthwiseConv2dNativeBackpropInput``; ``input_sizes`` is validated here."""
@@ -374,6 +442,7 @@ def raw_backprop_input(input_sizes, filter_shape, out_backprop_shape, strides, p
     return plan
 
 
+@_memoised
 def raw_backprop_filter(input_shape, filter_sizes, out_backprop_shape, strides, padding,
                         explicit_paddings=(), data_format="NHWC", dilations=(1, 1, 1, 1)):
     """Plan for ``DepthwiseConv2dNativeBackpropFilter``; ``filter_sizes`` is validated here."""
@@ -415,6 +484,7 @@ def resolve_data_format(data_format):
     return data_format.lower()
 
 
+@_memoised
 def keras(inputs_shape, kernel_shape, strides=1, padding="valid", data_format=None,
           dilation_rate=1, *, pointwise_shape=None, out_grad_shape=None):
     """Plan for the Keras-style ``depthwise_conv`` / ``separable_conv`` and their gradients.

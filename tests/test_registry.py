@@ -31,6 +31,7 @@ def registry_state():
     backends._registry[:] = saved[0]
     backends._by_type.clear()
     backends._by_type.update(saved[1])
+    backends._by_types.clear()
     backends._loaded.clear()
     backends._loaded.update(saved[2])
 

@@ -67,6 +67,7 @@ def register(name, owns_type, module, first=False):
     else:
         _registry.append(entry)
     _by_type.clear()
+    _by_types.clear()
     _loaded.pop(name, None)
 
 
@@ -149,6 +150,21 @@ def select(**arrays):
         When an argument's type belongs to no backend, or the arguments belong to
         different backends; the message names every argument and where it is.
     """
+    types = tuple(map(type, arrays.values()))
+    name = _by_types.get(types)
+    if name is None:
+        name = _choose(arrays)
+        _by_types[types] = name
+    be = get(name)
+    return be, tuple(be.prepare(obj, arg) for arg, obj in arrays.items())
+
+
+# The backend chosen for each tuple of argument types (errors are never stored).
+_by_types = {}
+
+
+def _choose(arrays):
+    """Name of the one backend owning every array in ``arrays``, or TypeError."""
     where = [(arg, backend_name(obj), obj) for arg, obj in arrays.items()]
     for arg, name, obj in where:
         if name is None:
@@ -164,8 +180,7 @@ def select(**arrays):
             f"cupy.asarray(a) / a.get(), tensor.cuda() / tensor.cpu().numpy()){_hint(where)}")
     if not where:
         raise TypeError("select() needs at least one array argument")
-    be = get(where[0][1])
-    return be, tuple(be.prepare(obj, arg) for arg, _, obj in where)
+    return where[0][1]
 
 
 def _owns_cpu(t):

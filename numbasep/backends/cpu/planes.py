@@ -1,0 +1,427 @@
+"""Channels-first kernels that work on one zero-padded plane at a time.
+
+A channels-first plane is contiguous, but its rows are short (7 to 56 columns on
+the suite), strided windows skip columns, and every row has two borders: kernels
+that walk rows waste most of each vector. Here a task copies one (n, c) plane
+into a scratch with the padding written as zeros and the columns (and rows)
+split by phase modulo the stride, "space to depth": every tap of the window then
+reads one contiguous run of the scratch, at a fixed offset, for all outputs at
+once. A tap is one vectorised multiply-add over ``OH * WQ`` elements, where
+``WQ`` is the output row length plus the window's reach; the few extra columns
+per row are computed and dropped. The plane crosses memory once each way.
+
+Products with the zero padding, and with the dropped columns, are not products
+of the operator: with an Inf or NaN among the operands they would put NaN where
+the operator has none. A plane whose operands are not all finite is therefore
+computed by a direct loop that skips them (``_*_direct``); the finite case, the
+common one, never pays for that.
+
+A task takes a few channels of one image (enough planes to amortise its setup on
+small maps) and reuses one scratch for all of them; runs are padded to whole
+vector groups and walked in L1-sized chunks, so no scalar loop tail and no
+trip to L2 per tap.
+
+These kernels serve 1-D and 2-D problems with depth multiplier 1 whose plane fits
+the scratch limit of the driver; the row kernels of :mod:`.kernels` serve the
+rest. Within a tap sum the taps come in (kh, kw) order, like there.
+"""
+
+import numpy as np
+from numba import njit, prange
+
+from .kernels import _REDUCE_MATH, _u
+
+# Runs are padded to a multiple of this (8 float32 lanes x 4-way unrolling): the
+# vectorised loop then never ends in a scalar tail.
+_VEC = 32
+# Elements of a run per pass over the taps: the accumulator chunk stays in L1.
+_CHUNK = 1024
+
+
+def plane_channels(plane_elems):
+    """Channels per task: about 4096 input elements, so that small maps amortise
+    the per-task setup and large ones still give a task per plane."""
+    return max(1, 4096 // max(1, plane_elems))
+
+
+@njit(inline="always")
+def _geometry(KH, KW, OH, OW, sh, sw, rh, rw):
+    """Sizes of the phase-split scratch: rows RQ and row length WQ of each of the
+    sh*sw phase planes, the run length L (OH rows of WQ, padded to _VEC) and the
+    elements S one phase plane takes (a run reaches up to WQ + _VEC past its
+    plane's last row, into slack that is never read as data)."""
+    RQ = OH + ((KH - 1) * rh) // sh
+    WQ = OW + ((KW - 1) * rw) // sw
+    L = (OH * WQ + _VEC - 1) // _VEC * _VEC
+    return RQ, WQ, L, RQ * WQ + WQ + _VEC
+
+
+@njit(inline="always")
+def _taps(KH, KW, sh, sw, rh, rw, WQ, S):
+    """offs[kh*KW + kw]: offset in the scratch of the input that output (0, 0)
+    reads through tap (kh, kw) (computed once per task: it takes divisions)."""
+    offs = np.empty(KH * KW, np.int64)
+    for kh in range(KH):
+        a, dr = (kh * rh) % sh, (kh * rh) // sh
+        for kw in range(KW):
+            b, dq = (kw * rw) % sw, (kw * rw) // sw
+            offs[kh * KW + kw] = (a * sw + b) * S + dr * WQ + dq
+    return offs
+
+
+@njit(inline="always")
+def _task_scratch(dtype, KH, KW, W, sh, sw, rh, rw, pw, WQ, S):
+    """A task's zeroed phase planes, column ranges and tap offsets."""
+    cols = np.empty((sw, 2), np.int64)
+    _phase_cols(cols, sw, pw, W, WQ)
+    return np.zeros(sh * sw * S, dtype), cols, _taps(KH, KW, sh, sw, rh, rw, WQ, S)
+
+
+@njit(inline="always")
+def _phase_cols(cols, sw, pw, W, WQ):
+    """cols[b] = [lo, hi): the phase-plane columns q with 0 <= q*sw + b - pw < W."""
+    for b in range(sw):
+        t = pw - b
+        lo = 0 if t <= 0 else (t + sw - 1) // sw
+        e = W - 1 + pw - b
+        hi = min(WQ, e // sw + 1) if e >= 0 else 0
+        cols[b, 0] = lo
+        cols[b, 1] = max(lo, hi)
+
+
+@njit(inline="always")
+def _scatter_plane(src, xp, cols, sh, sw, ph, pw, RQ, WQ, S):
+    """Input plane ``src[H, W]`` into the phase planes ``xp``. Every plane of a
+    problem fills the same cells, so the padding cells, zeroed once per task,
+    stay zero."""
+    H, W = src.shape
+    if sh == 1 and sw == 1:            # the common case, kept to the simplest loop
+        for ih in range(min(H, RQ - ph)):
+            row = src[ih]
+            d = (ih + ph) * WQ + pw
+            for iw in range(min(W, WQ - pw)):
+                xp[_u(d + iw)] = row[iw]
+        return
+    a, rr = ph % sh, ph // sh          # phase and phase-plane row of input row 0
+    for ih in range(H):
+        if rr >= RQ:
+            break
+        row = src[ih]
+        d = a * sw * S + rr * WQ
+        if sw == 1:
+            for q in range(cols[0, 0], cols[0, 1]):
+                xp[_u(d + q)] = row[_u(q - pw)]
+        elif sw == 2:
+            lo0, hi0, lo1, hi1 = cols[0, 0], cols[0, 1], cols[1, 0], cols[1, 1]
+            lo, hi = max(lo0, lo1), min(hi0, hi1)
+            d1 = d + S
+            if lo < hi:
+                for q in range(lo, hi):      # both phases in one loop: de-interleaving loads
+                    xp[_u(d + q)] = row[_u(2 * q - pw)]
+                    xp[_u(d1 + q)] = row[_u(2 * q + 1 - pw)]
+            else:
+                lo, hi = hi0, hi0
+            for q in range(lo0, min(lo, hi0)):
+                xp[_u(d + q)] = row[_u(2 * q - pw)]
+            for q in range(max(hi, lo0), hi0):
+                xp[_u(d + q)] = row[_u(2 * q - pw)]
+            for q in range(lo1, min(lo, hi1)):
+                xp[_u(d1 + q)] = row[_u(2 * q + 1 - pw)]
+            for q in range(max(hi, lo1), hi1):
+                xp[_u(d1 + q)] = row[_u(2 * q + 1 - pw)]
+        else:
+            for b in range(sw):
+                db = d + b * S
+                for q in range(cols[b, 0], cols[b, 1]):
+                    xp[_u(db + q)] = row[_u(q * sw + b - pw)]
+        a += 1
+        if a == sh:
+            a = 0
+            rr += 1
+
+
+@njit(inline="always")
+def _gather_plane(xp, dst, cols, sh, sw, ph, pw, RQ, WQ, S):
+    """The inverse of :func:`_scatter_plane`: phase planes back into ``dst[H, W]``;
+    input cells no window reaches get 0."""
+    H, W = dst.shape
+    if sh == 1 and sw == 1:
+        for ih in range(H):
+            row = dst[ih]
+            if ih + ph >= RQ:
+                row[:] = 0
+                continue
+            d = (ih + ph) * WQ + pw
+            n = min(W, WQ - pw)
+            for iw in range(n):
+                row[iw] = xp[_u(d + iw)]
+            for iw in range(n, W):
+                row[iw] = 0
+        return
+    a, rr = ph % sh, ph // sh
+    for ih in range(H):
+        row = dst[ih]
+        if rr >= RQ:
+            row[:] = 0
+            continue
+        d = a * sw * S + rr * WQ
+        if sw == 1:
+            lo, hi = cols[0, 0], cols[0, 1]
+            for iw in range(0, lo - pw):
+                row[iw] = 0
+            for q in range(lo, hi):
+                row[_u(q - pw)] = xp[_u(d + q)]
+            for iw in range(hi - pw, W):
+                row[iw] = 0
+        else:
+            row[:] = 0
+            for b in range(sw):
+                db = d + b * S
+                for q in range(cols[b, 0], cols[b, 1]):
+                    row[_u(q * sw + b - pw)] = xp[_u(db + q)]
+        a += 1
+        if a == sh:
+            a = 0
+            rr += 1
+
+
+@njit(inline="always")
+def _finite_taps(w, c):
+    s = w[0, 0, c] * 0
+    for kh in range(w.shape[0]):
+        for kw in range(w.shape[1]):
+            s += w[kh, kw, c] * 0
+    return s == 0
+
+
+@njit(inline="always")
+def _tap_sum(dst, d0, src, offs, wv, ntaps, length):
+    """dst[d0 + i] = sum over k < ntaps of src[offs[k] + i] * wv[k], for i < length,
+    summed in k order (three taps per pass: a third of the accumulator traffic).
+    ``length`` is a multiple of _VEC; with no taps the run is zeroed."""
+    for i0 in range(0, length, _CHUNK):
+        i1 = min(length, i0 + _CHUNK)
+        if ntaps == 0:
+            for i in range(i0, i1):
+                dst[_u(d0 + i)] = 0
+            continue
+        t = offs[0]
+        v = wv[0]
+        for i in range(i0, i1):
+            dst[_u(d0 + i)] = src[_u(t + i)] * v
+        k = 1
+        while k + 3 <= ntaps:
+            t0, t1, t2 = offs[k], offs[k + 1], offs[k + 2]
+            v0, v1, v2 = wv[k], wv[k + 1], wv[k + 2]
+            for i in range(i0, i1):
+                dst[_u(d0 + i)] = (dst[_u(d0 + i)] + src[_u(t0 + i)] * v0
+                                   + src[_u(t1 + i)] * v1 + src[_u(t2 + i)] * v2)
+            k += 3
+        while k < ntaps:
+            t = offs[k]
+            v = wv[k]
+            for i in range(i0, i1):
+                dst[_u(d0 + i)] += src[_u(t + i)] * v
+            k += 1
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def forward(x, w, y, sh, sw, rh, rw, ph, pw, cpt):
+    """y[n, c, oh, ow] = sum_{kh, kw} x[n, c, oh*sh - ph + kh*rh, ow*sw - pw + kw*rw] * w[kh, kw, c].
+
+    ``x[N, C, H, W]``, ``w[KH, KW, C]``, ``y[N, C, OH, OW]``, all C-contiguous;
+    ``cpt`` channels per task.
+    """
+    N, C, H, W = x.shape
+    KH, KW = w.shape[0], w.shape[1]
+    OH, OW = y.shape[2], y.shape[3]
+    RQ, WQ, L, S = _geometry(KH, KW, OH, OW, sh, sw, rh, rw)
+    wk = w.reshape(KH * KW, C)
+    nblk = (C + cpt - 1) // cpt
+    for job in prange(N * nblk):
+        n, blk = job // nblk, job % nblk
+        xp, cols, offs = _task_scratch(x.dtype, KH, KW, W, sh, sw, rh, rw, pw, WQ, S)
+        acc = np.empty(L, x.dtype)
+        wv = np.empty(KH * KW, x.dtype)
+        for c in range(blk * cpt, min(C, (blk + 1) * cpt)):
+            out = y[n, c]
+            if not _finite_taps(w, c):
+                _fwd_direct(x[n, c], w, out, c, sh, sw, rh, rw, ph, pw)
+                continue
+            _scatter_plane(x[n, c], xp, cols, sh, sw, ph, pw, RQ, WQ, S)
+            for k in range(KH * KW):
+                wv[k] = wk[k, c]
+            _tap_sum(acc, 0, xp, offs, wv, KH * KW, L)
+            for oh in range(OH):
+                row = out[oh]
+                base = oh * WQ
+                for ow in range(OW):
+                    row[ow] = acc[_u(base + ow)]
+
+
+@njit(inline="always")
+def _fwd_direct(x, w, y, c, sh, sw, rh, rw, ph, pw):
+    """Forward of one plane, skipping the padding (for non-finite taps)."""
+    H, W = x.shape
+    OH, OW = y.shape
+    for oh in range(OH):
+        for ow in range(OW):
+            s = 0.0
+            for kh in range(w.shape[0]):
+                ih = oh * sh - ph + kh * rh
+                if 0 <= ih < H:
+                    for kw in range(w.shape[1]):
+                        iw = ow * sw - pw + kw * rw
+                        if 0 <= iw < W:
+                            s += x[ih, iw] * w[kh, kw, c]
+            y[oh, ow] = s
+
+
+@njit(inline="always")
+def _bin_direct(g, w, out, c, sh, sw, rh, rw, ph, pw):
+    """Input gradient of one plane, skipping the padding (for non-finite taps)."""
+    H, W = out.shape
+    OH, OW = g.shape
+    out[:] = 0
+    for oh in range(OH):
+        for ow in range(OW):
+            for kh in range(w.shape[0]):
+                ih = oh * sh - ph + kh * rh
+                if 0 <= ih < H:
+                    for kw in range(w.shape[1]):
+                        iw = ow * sw - pw + kw * rw
+                        if 0 <= iw < W:
+                            out[ih, iw] += g[oh, ow] * w[kh, kw, c]
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def backprop_input(dy, w, dx, sh, sw, rh, rw, ph, pw, cpt):
+    """The adjoint of :func:`forward`: each output's gradient spread over its window.
+
+    ``dy[N, C, OH, OW]``, ``w[KH, KW, C]``, ``dx[N, C, H, W]``.
+    """
+    N, C, H, W = dx.shape
+    KH, KW = w.shape[0], w.shape[1]
+    OH, OW = dy.shape[2], dy.shape[3]
+    RQ, WQ, L, S = _geometry(KH, KW, OH, OW, sh, sw, rh, rw)
+    wk = w.reshape(KH * KW, C)
+    # Gather form, phase plane by phase plane: input cell j of phase plane (a, b)
+    # collects gp[j - off] * w for each tap of that phase, whose offset into the
+    # phase plane is off. gp is stored after a lead of zeros (lead >= every off).
+    lead = ((KH - 1) * rh // sh + 1) * WQ + _VEC
+    LJ = (RQ * WQ + _VEC - 1) // _VEC * _VEC
+    # only the phase-plane rows that hold input rows are computed
+    j0 = (ph // sh) * WQ
+    LR = min(RQ * WQ, ((ph + H - 1) // sh + 1) * WQ) - j0
+    LR = (max(LR, 0) + _VEC - 1) // _VEC * _VEC
+    nblk = (C + cpt - 1) // cpt
+    for job in prange(N * nblk):
+        n, blk = job // nblk, job % nblk
+        xp = np.empty(sh * sw * S, dy.dtype)
+        gp = np.zeros(lead + LJ + _VEC, dy.dtype)   # columns past OW stay 0
+        cols = np.empty((sw, 2), np.int64)
+        _phase_cols(cols, sw, pw, W, WQ)
+        # taps grouped by phase: which taps, and their source offsets into gp
+        nph = sh * sw
+        count = np.zeros(nph, np.int64)
+        which = np.empty((nph, KH * KW), np.int64)
+        src = np.empty((nph, KH * KW), np.int64)
+        for kh in range(KH):
+            a, dr = (kh * rh) % sh, (kh * rh) // sh
+            for kw in range(KW):
+                b, dq = (kw * rw) % sw, (kw * rw) // sw
+                f = a * sw + b
+                which[f, count[f]] = kh * KW + kw
+                src[f, count[f]] = lead - (dr * WQ + dq) + j0
+                count[f] += 1
+        wv = np.empty(KH * KW, dy.dtype)
+        for c in range(blk * cpt, min(C, (blk + 1) * cpt)):
+            g = dy[n, c]
+            out = dx[n, c]
+            if not _finite_taps(w, c):
+                _bin_direct(g, w, out, c, sh, sw, rh, rw, ph, pw)
+                continue
+            for oh in range(OH):
+                row = g[oh]
+                base = lead + oh * WQ
+                for ow in range(OW):
+                    gp[_u(base + ow)] = row[ow]
+            for f in range(nph):
+                for k in range(count[f]):
+                    wv[k] = wk[which[f, k], c]
+                _tap_sum(xp, f * S + j0, gp, src[f], wv, count[f], LR)
+            _gather_plane(xp, out, cols, sh, sw, ph, pw, RQ, WQ, S)
+
+
+@njit(parallel=True, nogil=True, cache=True, fastmath=_REDUCE_MATH)
+def backprop_filter(x, dy, parts, sh, sw, rh, rw, ph, pw, cpt):
+    """parts[p, kh, kw, c] = the filter gradient of channel c over the images of chunk p.
+
+    ``x[N, C, H, W]``, ``dy[N, C, OH, OW]``, ``parts[P, KH, KW, C]``. The images
+    are split into P chunks that depend on the problem only and each task sums
+    its chunk's images in order (each image's run in fixed chunks), so the result
+    does not depend on the number of threads.
+    """
+    N, C, H, W = x.shape
+    P, KH, KW = parts.shape[0], parts.shape[1], parts.shape[2]
+    OH, OW = dy.shape[2], dy.shape[3]
+    RQ, WQ, L, S = _geometry(KH, KW, OH, OW, sh, sw, rh, rw)
+    nblk = (C + cpt - 1) // cpt
+    for job in prange(P * nblk):
+        p, blk = job // nblk, job % nblk
+        xp, cols, offs = _task_scratch(x.dtype, KH, KW, W, sh, sw, rh, rw, pw, WQ, S)
+        gp = np.zeros(L, x.dtype)
+        acc = np.empty(KH * KW, x.dtype)
+        one = np.empty(KH * KW, x.dtype)
+        for c in range(blk * cpt, min(C, (blk + 1) * cpt)):
+            acc[:] = 0
+            for n in range(p * N // P, (p + 1) * N // P):
+                g = dy[n, c]
+                for oh in range(OH):
+                    row = g[oh]
+                    base = oh * WQ
+                    for ow in range(OW):
+                        gp[_u(base + ow)] = row[ow]
+                _scatter_plane(x[n, c], xp, cols, sh, sw, ph, pw, RQ, WQ, S)
+                one[:] = 0
+                for i0 in range(0, L, _CHUNK):
+                    i1 = min(L, i0 + _CHUNK)
+                    for k in range(KH * KW):
+                        t = offs[k]
+                        s = one[k]
+                        for i in range(i0, i1):
+                            s += xp[_u(t + i)] * gp[_u(i)]
+                        one[k] = s
+                # With finite operands every product is finite (the padding and the
+                # extra columns contribute exact zeros); a NaN or Inf sum means an
+                # operand was not finite, and then padding products must not count.
+                check = one[0] * 0
+                for k in range(KH * KW):
+                    check += one[k] * 0
+                if check == 0:
+                    for k in range(KH * KW):
+                        acc[k] += one[k]
+                else:
+                    _bfil_direct(x[n, c], g, acc, KH, KW, sh, sw, rh, rw, ph, pw)
+            for kh in range(KH):
+                for kw in range(KW):
+                    parts[p, kh, kw, c] = acc[kh * KW + kw]
+
+
+@njit(inline="always")
+def _bfil_direct(xs, g, acc, KH, KW, sh, sw, rh, rw, ph, pw):
+    """One image's filter gradient for one channel, skipping the padding (for
+    planes with NaN or Inf)."""
+    H, W = xs.shape
+    OH, OW = g.shape
+    for kh in range(KH):
+        for kw in range(KW):
+            s = 0.0
+            for oh in range(OH):
+                ih = oh * sh - ph + kh * rh
+                if 0 <= ih < H:
+                    for ow in range(OW):
+                        iw = ow * sw - pw + kw * rw
+                        if 0 <= iw < W:
+                            s += xs[ih, iw] * g[oh, ow]
+            acc[kh * KW + kw] += s

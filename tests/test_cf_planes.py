@@ -1,0 +1,153 @@
+"""The channels-first plane kernels (numbasep/backends/cpu/planes.py).
+
+They take every 1-D/2-D channels-first problem with depth multiplier 1, so the
+general sweeps already run through them; the tests here aim at what is theirs:
+the phase split for strides and dilations, the padding and the extra columns they
+compute and drop (which must never turn an Inf into a NaN the operator does not
+have), the direct fallback, and the fixed reduction order of the filter gradient.
+"""
+
+import numba
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import numbasep
+from numbasep.backends.cpu import driver, planes
+
+import reference as R
+
+F = numbasep.depthwise_conv2d_native
+BI = numbasep.depthwise_conv2d_native_backprop_input
+BF = numbasep.depthwise_conv2d_native_backprop_filter
+
+
+@st.composite
+def problems(draw):
+    n = draw(st.integers(1, 3))
+    c = draw(st.integers(1, 11))
+    h, w = draw(st.integers(1, 13)), draw(st.integers(1, 13))
+    kh, kw = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    sh, sw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    rh, rw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    padding = draw(st.sampled_from(["SAME", "VALID", "EXPLICIT"]))
+    ep = []
+    if padding == "EXPLICIT":
+        ep = [0, 0, 0, 0] + draw(st.lists(st.integers(0, 4), min_size=4, max_size=4))
+    attrs = dict(strides=[1, 1, sh, sw], padding=padding, explicit_paddings=ep,
+                 data_format="NCHW", dilations=[1, 1, rh, rw])
+    out_h = R.tf_output_and_pad(h, kh, sh, rh, padding, tuple(ep[4:6]) or (0, 0))[0]
+    out_w = R.tf_output_and_pad(w, kw, sw, rw, padding, tuple(ep[6:8]) or (0, 0))[0]
+    if out_h <= 0 or out_w <= 0:
+        padding = "SAME"
+        attrs.update(padding="SAME", explicit_paddings=[])
+    return (n, c, h, w), (kh, kw, c, 1), attrs
+
+
+def _taken(monkeypatch):
+    """Record which problems the plane kernels took."""
+    seen = []
+    real = driver._by_planes
+
+    def spy(plan):
+        ok = real(plan)
+        seen.append(ok)
+        return ok
+    monkeypatch.setattr(driver, "_by_planes", spy)
+    return seen
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems(), st.sampled_from([np.float32, np.float64]))
+def test_all_three_ops_match_the_reference(problem, dtype):
+    xs, fs, attrs = problem
+    rng = np.random.default_rng(abs(hash((xs, fs, str(attrs)))) % 2**32)
+    x = rng.standard_normal(xs).astype(dtype)
+    w = rng.standard_normal(fs).astype(dtype)
+    y = F(x, w, **attrs)
+    dy = rng.standard_normal(y.shape).astype(dtype)
+    x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    for got, want in ((y, R.raw_forward(x64, w64, **attrs)),
+                      (BI(list(xs), w, dy, **attrs), R.raw_backprop_input(list(xs), w64, dy64,
+                                                                         **attrs)),
+                      (BF(x, list(fs), dy, **attrs), R.raw_backprop_filter(x64, list(fs), dy64,
+                                                                          **attrs))):
+        scale = 1.0 + np.abs(want).max(initial=0.0)
+        np.testing.assert_allclose(got, want, rtol=0, atol=tol * scale * max(fs[0] * fs[1], 1))
+
+
+def test_the_plane_kernels_take_2d_and_1d_channels_first(monkeypatch):
+    seen = _taken(monkeypatch)
+    x = np.ones((2, 3, 9, 9), np.float32)
+    F(x, np.ones((3, 3, 3, 1), np.float32), [1, 1, 2, 2], "SAME", data_format="NCHW")
+    numbasep.depthwise_conv(np.ones((2, 3, 20), np.float32), np.ones((3, 3, 1), np.float32),
+                            data_format="channels_first")
+    assert seen and all(seen)
+    seen.clear()
+    F(x, np.ones((3, 3, 3, 2), np.float32), [1, 1, 1, 1], "SAME", data_format="NCHW")
+    assert seen and not any(seen)            # depth multiplier 2: the row kernels
+
+
+def test_huge_windows_go_to_the_row_kernels(monkeypatch):
+    seen = _taken(monkeypatch)
+    x = np.arange(18, dtype=np.float32).reshape(1, 2, 3, 3)
+    w = np.arange(1, 9, dtype=np.float32).reshape(2, 2, 2, 1)
+    attrs = dict(strides=[1, 1, 1, 1], padding="EXPLICIT",
+                 explicit_paddings=[0, 0, 0, 0, 0, 2**20, 0, 2**20], data_format="NCHW",
+                 dilations=[1, 1, 2**20, 2**20])
+    y = F(x, w, **attrs)
+    assert seen and not any(seen)
+    # only tap (0, 0) ever lands inside the input
+    np.testing.assert_array_equal(y, x * w[0, 0, :, 0][None, :, None, None])
+    np.testing.assert_array_equal(y, R.raw_forward(x.astype(np.float64),
+                                                   w.astype(np.float64), **attrs))
+
+
+@pytest.mark.parametrize("where", ["x", "w", "dy"])
+@pytest.mark.parametrize("value", [np.inf, -np.inf, np.nan])
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+def test_non_finite_values_propagate_as_in_the_channels_last_kernels(where, value, padding):
+    """Padding products and dropped columns are not products of the operator: an Inf
+    next to the padding must give exactly the NaN/Inf pattern of the NHWC kernels
+    (which never multiply the padding)."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 4, 7, 9)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 4, 1)).astype(np.float32)
+    attrs = dict(strides=[1, 1, 2, 1], padding=padding, data_format="NCHW")
+    y = F(x, w, **attrs)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    a = {"x": x, "w": w, "dy": dy}[where]
+    a.flat[[0, a.size - 1, a.size // 2]] = value      # corners touch the padding
+    last = dict(attrs, strides=[1, 2, 1, 1], data_format="NHWC")
+    xl, dyl = np.moveaxis(x, 1, -1), np.moveaxis(dy, 1, -1)
+    pairs = [(F(x, w, **attrs), np.moveaxis(F(xl, w, **last), -1, 1)),
+             (BI(list(x.shape), w, dy, **attrs),
+              np.moveaxis(BI(list(xl.shape), w, dyl, **last), -1, 1)),
+             (BF(x, list(w.shape), dy, **attrs), BF(xl, list(w.shape), dyl, **last))]
+    for got, want in pairs:
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+        ok = np.isfinite(want)
+        np.testing.assert_allclose(got[ok], want[ok], rtol=1e-5, atol=1e-4)
+
+
+def test_filter_gradient_independent_of_thread_count():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((70, 5, 12, 10)).astype(np.float32)
+    dy = rng.standard_normal((70, 5, 6, 10)).astype(np.float32)
+    old = numba.get_num_threads()
+    got = set()
+    try:
+        for n in sorted({1, numba.config.NUMBA_NUM_THREADS}):
+            numba.set_num_threads(n)
+            got.add(BF(x, [3, 3, 5, 1], dy, [1, 1, 2, 1], "SAME",
+                       data_format="NCHW").tobytes())
+    finally:
+        numba.set_num_threads(old)
+    assert len(got) == 1
+
+
+def test_channels_per_task_covers_small_and_large_planes():
+    assert planes.plane_channels(49) > 1
+    assert planes.plane_channels(147 * 147) == 1

@@ -1,0 +1,96 @@
+"""The plan cache of numbasep.shapes: a hit is the plan a fresh validation gives,
+callers cannot corrupt it, and only plain values are ever cached."""
+
+import numpy as np
+import pytest
+
+import numbasep
+from numbasep import config, shapes
+
+
+@pytest.fixture(autouse=True)
+def empty_cache():
+    shapes._PLAN_CACHE.clear()
+    yield
+    shapes._PLAN_CACHE.clear()
+
+
+def _fresh(fn, *args, **kwargs):
+    return fn.__wrapped__(*args, **kwargs)
+
+
+@pytest.mark.parametrize("call", [
+    (shapes.raw_forward, ((2, 9, 9, 3), (3, 3, 3, 2), [1, 2, 2, 1], "SAME"), {}),
+    (shapes.raw_forward, ((2, 3, 9, 9), (3, 3, 3, 2), (1, 1, 2, 2), "EXPLICIT",
+                          [0, 0, 0, 0, 1, 2, 0, 1], "NCHW"), {}),
+    (shapes.raw_backprop_input, ([2, 9, 9, 3], (3, 3, 3, 1), (2, 5, 5, 3), [1, 2, 2, 1],
+                                 "SAME"), {}),
+    (shapes.raw_backprop_filter, ((2, 9, 9, 3), [3, 3, 3, 1], (2, 7, 7, 3), [1, 1, 1, 1],
+                                  "VALID"), {}),
+    (shapes.keras, ((2, 20, 3), (4, 3, 1)), {"strides": 2, "dilation_rate": 2}),
+    (shapes.keras, ((2, 8, 8, 3), (3, 3, 3, 2)),
+     {"padding": "same", "pointwise_shape": (1, 1, 6, 4)}),
+])
+def test_a_hit_equals_a_fresh_plan_and_is_a_copy(call):
+    fn, args, kwargs = call
+    first = fn(*args, **kwargs)
+    assert len(shapes._PLAN_CACHE) == 1
+    first.dtype = np.dtype(np.float64)          # what the operators do with a plan
+    second = fn(*args, **kwargs)
+    assert second is not first
+    assert second.dtype is None
+    assert second == _fresh(fn, *args, **kwargs)
+    assert len(shapes._PLAN_CACHE) == 1
+
+
+def test_lists_and_tuples_share_an_entry_and_agree():
+    a = shapes.raw_forward((1, 5, 5, 2), (3, 3, 2, 1), [1, 1, 1, 1], "SAME")
+    b = shapes.raw_forward((1, 5, 5, 2), (3, 3, 2, 1), (1, 1, 1, 1), "SAME")
+    assert a == b and len(shapes._PLAN_CACHE) == 1
+
+
+@pytest.mark.parametrize("strides", [
+    [True, 1, 1, True],                 # bool: rejected, whatever the cache holds
+    [np.int64(1), 1, 1, 1],             # NumPy integers: validated every time
+    [1.0, 1, 1, 1],
+])
+def test_non_plain_values_are_never_cached(strides):
+    shapes.raw_forward((1, 5, 5, 2), (3, 3, 2, 1), [1, 1, 1, 1], "SAME")
+    try:
+        shapes.raw_forward((1, 5, 5, 2), (3, 3, 2, 1), strides, "SAME")
+    except (numbasep.InvalidArgumentError, TypeError):
+        pass
+    assert len(shapes._PLAN_CACHE) == 1
+
+
+def test_bool_strides_are_still_rejected_after_the_int_plan_is_cached():
+    shapes.raw_forward((1, 5, 5, 2), (3, 3, 2, 1), [1, 1, 1, 1], "SAME")
+    with pytest.raises(numbasep.InvalidArgumentError, match="strides"):
+        shapes.raw_forward((1, 5, 5, 2), (3, 3, 2, 1), [True, 1, 1, True], "SAME")
+
+
+def test_errors_are_not_cached():
+    for _ in range(2):
+        with pytest.raises(numbasep.InvalidArgumentError):
+            shapes.raw_forward((1, 5, 5, 2), (3, 3, 2, 1), [1, 0, 1, 1], "SAME")
+    assert not shapes._PLAN_CACHE
+
+
+def test_default_data_format_is_part_of_the_key():
+    x, k = (2, 3, 8, 8), (3, 3, 3, 1)
+    with pytest.raises(numbasep.InvalidArgumentError):
+        shapes.keras(x, k)            # channels_last: 8 channels vs the kernel's 3
+    config.set_image_data_format("channels_first")
+    try:
+        p = shapes.keras(x, k)
+        assert not p.channels_last and p.channels == 3
+    finally:
+        config.set_image_data_format("channels_last")
+    with pytest.raises(numbasep.InvalidArgumentError):
+        shapes.keras(x, k)
+
+
+def test_the_cache_is_bounded():
+    for n in range(shapes._PLAN_CACHE_MAX + 10):
+        shapes.raw_forward((n + 1, 5, 5, 2), (3, 3, 2, 1), [1, 1, 1, 1], "SAME")
+    assert len(shapes._PLAN_CACHE) <= shapes._PLAN_CACHE_MAX
