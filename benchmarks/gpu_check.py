@@ -162,8 +162,8 @@ def call(case, a, out):
         be, (xb, wb, dyb) = backends.select(inputs=x, kernel=w, out_grad=dy)
         plan = shapes.keras(be.shape(xb), be.shape(wb), s, "same", c.data_format, 1,
                             out_grad_shape=be.shape(dyb))
-        plan.dtype = dtypes.common_dtype([("inputs", be.dtype(xb)), ("kernel", be.dtype(wb)),
-                                          ("out_grad", be.dtype(dyb))])
+        plan = plan.with_dtype(dtypes.common_dtype(
+            [("inputs", be.dtype(xb)), ("kernel", be.dtype(wb)), ("out_grad", be.dtype(dyb))]))
         o = be.check_out(out[0], "out")
         if c.op == "backprop_input":
             return be.depthwise_backprop_input(plan, dyb, wb, o)

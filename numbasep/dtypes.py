@@ -29,7 +29,8 @@ _KNOWN = frozenset(np.dtype(n) for n in ("float16", "float32", "float64"))
 
 
 def is_16bit(dtype):
-    return dtype.name in ("float16", "bfloat16")
+    """For a supported dtype: whether it is stored in 16 bits (float16, bfloat16)."""
+    return dtype.itemsize == 2
 
 
 def common_dtype(named_dtypes):

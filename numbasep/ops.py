@@ -86,10 +86,10 @@ def _check_memory(be, plan, results, arrays, culprits, temps=(), filter_grad=Fal
             n * item + (n * acc.itemsize if acc.itemsize != item else 0)
         if cf and in_layout and not given and acc.itemsize == item:
             nbytes += n * acc.itemsize          # the channels-last buffer
-        parts.append((nbytes, "{} of shape {} ({})", (label, tuple(shape), plan.dtype.name)))
+        parts.append((nbytes, "{} of shape {} ({})", (label, shape, plan.dtype)))
     for t in temps:
         parts.append((_prod(t) * acc.itemsize * (2 if cf else 1),
-                      "an intermediate of shape {} ({})", (tuple(t), acc.name)))
+                      "an intermediate of shape {} ({})", (t, acc)))
     if filter_grad:
         f = _prod(plan.filter_shape)
         parts.append((min(64 * f, max(f, _PARTIAL_ELEMS)) * acc.itemsize,
@@ -98,12 +98,13 @@ def _check_memory(be, plan, results, arrays, culprits, temps=(), filter_grad=Fal
         if dtypes.is_16bit(be.dtype(a)) or not _contiguous(a) or (cf and name in data):
             shape = be.shape(a)
             parts.append((_prod(shape) * acc.itemsize, "a contiguous {} copy of {} (shape {})",
-                          (acc.name, name, shape)))
+                          (acc, name, shape)))
     total = sum(p[0] for p in parts)
     limit = shapes.memory_limit()
     if limit is None or total <= limit:
         return
     _, fmt, args = max(parts, key=lambda p: p[0])
+    args = [tuple(a) if isinstance(a, list) else a for a in args]   # dtypes print their names
     shapes.check_memory(total, fmt.format(*args), culprits)
 
 
@@ -160,7 +161,7 @@ def depthwise_conv2d_native(input, filter, strides, padding, explicit_paddings=(
     be, (x, w) = backends.select(input=input, filter=filter)
     plan = shapes.raw_forward(be.shape(x), be.shape(w), strides, padding,
                               explicit_paddings, data_format, dilations)
-    plan.dtype = _dtype(be, (("input", x), ("filter", w)))
+    plan = plan.with_dtype(_dtype(be, (("input", x), ("filter", w))))
     o = _out(be, out, plan.output_shape, plan.dtype)
     _check_memory(be, plan, [("the output", plan.output_shape, o is not None, True)],
                   (("input", x), ("filter", w)), "input, filter, " + _RAW_ATTRS)
@@ -210,7 +211,7 @@ def depthwise_conv2d_native_backprop_input(input_sizes, filter, out_backprop, st
     be, (w, dy) = backends.select(filter=filter, out_backprop=out_backprop)
     plan = shapes.raw_backprop_input(input_sizes, be.shape(w), be.shape(dy), strides, padding,
                                      explicit_paddings, data_format, dilations)
-    plan.dtype = _dtype(be, (("filter", w), ("out_backprop", dy)))
+    plan = plan.with_dtype(_dtype(be, (("filter", w), ("out_backprop", dy))))
     o = _out(be, out, plan.input_shape, plan.dtype)
     _check_memory(be, plan, [("the input gradient", plan.input_shape, o is not None, True)],
                   (("filter", w), ("out_backprop", dy)),
@@ -261,7 +262,7 @@ def depthwise_conv2d_native_backprop_filter(input, filter_sizes, out_backprop, s
     be, (x, dy) = backends.select(input=input, out_backprop=out_backprop)
     plan = shapes.raw_backprop_filter(be.shape(x), filter_sizes, be.shape(dy), strides,
                                       padding, explicit_paddings, data_format, dilations)
-    plan.dtype = _dtype(be, (("input", x), ("out_backprop", dy)))
+    plan = plan.with_dtype(_dtype(be, (("input", x), ("out_backprop", dy))))
     o = _out(be, out, plan.filter_shape, plan.dtype)
     _check_memory(be, plan, [("the filter gradient", plan.filter_shape, o is not None, False)],
                   (("input", x), ("out_backprop", dy)),
@@ -309,7 +310,7 @@ def depthwise_conv(inputs, kernel, strides=1, padding="valid", data_format=None,
     """
     be, (x, w) = backends.select(inputs=inputs, kernel=kernel)
     plan = shapes.keras(be.shape(x), be.shape(w), strides, padding, data_format, dilation_rate)
-    plan.dtype = _dtype(be, (("inputs", x), ("kernel", w)))
+    plan = plan.with_dtype(_dtype(be, (("inputs", x), ("kernel", w))))
     o = _out(be, out, plan.output_shape, plan.dtype)
     _check_memory(be, plan, [("the output", plan.output_shape, o is not None, True)],
                   (("inputs", x), ("kernel", w)), "inputs, kernel, " + _KERAS_ATTRS)
@@ -354,8 +355,8 @@ def separable_conv(inputs, depthwise_kernel, pointwise_kernel, strides=1, paddin
                                       pointwise_kernel=pointwise_kernel)
     plan = shapes.keras(be.shape(x), be.shape(dk), strides, padding, data_format,
                         dilation_rate, pointwise_shape=be.shape(pk))
-    plan.dtype = _dtype(be, (("inputs", x), ("depthwise_kernel", dk),
-                             ("pointwise_kernel", pk)))
+    plan = plan.with_dtype(_dtype(be, (("inputs", x), ("depthwise_kernel", dk),
+                             ("pointwise_kernel", pk))))
     o = _out(be, out, plan.separable_output_shape, plan.dtype)
     _check_memory(be, plan, [("the output", plan.separable_output_shape, o is not None, False)],
                   (("inputs", x), ("depthwise_kernel", dk), ("pointwise_kernel", pk)),
@@ -395,7 +396,7 @@ def depthwise_conv_grad(inputs, kernel, out_grad, strides=1, padding="valid",
     be, (x, w, dy) = backends.select(inputs=inputs, kernel=kernel, out_grad=out_grad)
     plan = shapes.keras(be.shape(x), be.shape(w), strides, padding, data_format,
                         dilation_rate, out_grad_shape=be.shape(dy))
-    plan.dtype = _dtype(be, (("inputs", x), ("kernel", w), ("out_grad", dy)))
+    plan = plan.with_dtype(_dtype(be, (("inputs", x), ("kernel", w), ("out_grad", dy))))
     o_dx, o_dw = _outs(out, 2)
     o_dx = _out(be, o_dx, plan.input_shape, plan.dtype, "out[0]")
     o_dw = _out(be, o_dw, plan.filter_shape, plan.dtype, "out[1]")
@@ -444,8 +445,8 @@ def separable_conv_grad(inputs, depthwise_kernel, pointwise_kernel, out_grad, st
     plan = shapes.keras(be.shape(x), be.shape(dk), strides, padding, data_format,
                         dilation_rate, pointwise_shape=be.shape(pk),
                         out_grad_shape=be.shape(dy))
-    plan.dtype = _dtype(be, (("inputs", x), ("depthwise_kernel", dk),
-                             ("pointwise_kernel", pk), ("out_grad", dy)))
+    plan = plan.with_dtype(_dtype(be, (("inputs", x), ("depthwise_kernel", dk),
+                             ("pointwise_kernel", pk), ("out_grad", dy))))
     o_dx, o_dk, o_pk = _outs(out, 3)
     o_dx = _out(be, o_dx, plan.input_shape, plan.dtype, "out[0]")
     o_dk = _out(be, o_dk, plan.filter_shape, plan.dtype, "out[1]")

@@ -12,6 +12,7 @@ dilation 1, no padding), so one kernel per operator and layout serves all ranks.
 
 import os
 
+from . import config
 from .errors import InvalidArgumentError
 
 INT32_MAX = 2**31 - 1
@@ -46,6 +47,7 @@ class Plan:
     __slots__ = (
         "ndim", "channels_last", "batch", "channels", "multiplier", "in_sizes",
         "kernel", "out_sizes", "strides", "dilations", "pads", "dtype", "filters",
+        "_typed",
     )
 
     def __init__(self, ndim, channels_last, batch, channels, multiplier, in_sizes,
@@ -64,6 +66,7 @@ class Plan:
         self.pads = (0,) * (3 - ndim) + tuple(pads)
         self.dtype = dtype
         self.filters = filters
+        self._typed = None
 
     def _layout(self, spatial, channels, ndim):
         spatial = tuple(spatial[3 - ndim:])
@@ -110,11 +113,28 @@ class Plan:
     def filter_shape5(self):
         return self.kernel + (self.channels, self.multiplier)
 
+    def with_dtype(self, dtype):
+        """This plan for arrays of ``dtype``: a shared, memoised copy.
+
+        Plans come from a cache and are shared between calls and threads: nothing
+        may change a plan after it is made; derive a copy (:meth:`clone`) instead.
+        """
+        typed = self._typed
+        if typed is None:
+            typed = self._typed = {}
+        p = typed.get(dtype)
+        if p is None:
+            p = self.clone()
+            p.dtype = dtype
+            typed[dtype] = p
+        return p
+
     def clone(self):
         """A copy the caller may change (plans are mutable: ``dtype`` is set later)."""
         c = _new_plan(Plan)
         for name in Plan.__slots__:
             setattr(c, name, getattr(self, name))
+        c._typed = None
         return c
 
     def key(self):
@@ -176,17 +196,15 @@ def _memoised(fn):
             if k is _UNCACHEABLE:
                 return fn(*args, **kwargs)
             key += (name, k)
-        from . import config   # data_format=None means the current default
-        key.append(config.image_data_format())
+        key.append(config._image_data_format)   # data_format=None means the default
         key = tuple(key)
         hit = _PLAN_CACHE.get(key)
         if hit is None:
             hit = fn(*args, **kwargs)
             if len(_PLAN_CACHE) >= _PLAN_CACHE_MAX:
                 _PLAN_CACHE.clear()
-            _PLAN_CACHE[key] = hit.clone()
-            return hit
-        return hit.clone()
+            _PLAN_CACHE[key] = hit
+        return hit
 
     planned.__name__ = fn.__name__
     planned.__qualname__ = fn.__qualname__

@@ -633,8 +633,8 @@ def _nd_gradient(c, x, w, dy, o, want_input):
     be, (xb, wb, dyb) = backends.select(inputs=x, kernel=w, out_grad=dy)
     plan = shapes.keras(x.shape, w.shape, s, "same", c.data_format, 1,
                         out_grad_shape=dy.shape)
-    plan.dtype = dtypes.common_dtype([("inputs", x.dtype), ("kernel", w.dtype),
-                                      ("out_grad", dy.dtype)])
+    plan = plan.with_dtype(dtypes.common_dtype([("inputs", x.dtype), ("kernel", w.dtype),
+                                      ("out_grad", dy.dtype)]))
     if want_input:
         def fn():
             return be.depthwise_backprop_input(plan, dyb, wb, o)

@@ -31,15 +31,18 @@ def _fresh(fn, *args, **kwargs):
     (shapes.keras, ((2, 8, 8, 3), (3, 3, 3, 2)),
      {"padding": "same", "pointwise_shape": (1, 1, 6, 4)}),
 ])
-def test_a_hit_equals_a_fresh_plan_and_is_a_copy(call):
+def test_a_hit_equals_a_fresh_plan_and_typing_it_leaves_it_alone(call):
     fn, args, kwargs = call
     first = fn(*args, **kwargs)
     assert len(shapes._PLAN_CACHE) == 1
-    first.dtype = np.dtype(np.float64)          # what the operators do with a plan
+    typed = first.with_dtype(np.dtype(np.float64))   # what the operators do with a plan
+    assert typed.dtype == np.float64 and typed is not first
+    assert typed is first.with_dtype(np.dtype(np.float64))
+    assert first.with_dtype(np.dtype(np.float32)).dtype == np.float32
     second = fn(*args, **kwargs)
-    assert second is not first
-    assert second.dtype is None
+    assert second is first and second.dtype is None
     assert second == _fresh(fn, *args, **kwargs)
+    assert typed == _fresh(fn, *args, **kwargs).with_dtype(np.dtype(np.float64))
     assert len(shapes._PLAN_CACHE) == 1
 
 

@@ -16,6 +16,9 @@ from ... import dtypes
 from . import kernels, planes
 
 
+_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
+
+
 def _params(plan):
     return plan.strides + plan.dilations + plan.pads
 
@@ -28,7 +31,8 @@ def _compute(a):
     cost is documented: 16-bit arrays are widened to float32 and non-contiguous
     arrays copied to a contiguous buffer, once per call.
     """
-    if a.dtype.name not in ("float32", "float64"):
+    dt = a.dtype
+    if dt != _F32 and dt != _F64:
         a = np.ascontiguousarray(a, np.float32)
     elif not a.flags.c_contiguous:
         a = np.ascontiguousarray(a)
