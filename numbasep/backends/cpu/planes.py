@@ -90,50 +90,50 @@ def _phase_cols(cols, sw, pw, W, WQ):
 
 
 @njit(inline="always")
-def _scatter_plane(src, xp, cols, sh, sw, ph, pw, RQ, WQ, S):
-    """Input plane ``src[H, W]`` into the phase planes ``xp``. Every plane of a
-    problem fills the same cells, so the padding cells, zeroed once per task,
-    stay zero."""
-    H, W = src.shape
+def _scatter_plane(src, s0, H, W, xp, cols, sh, sw, ph, pw, RQ, WQ, S):
+    """Input plane ``src[s0 : s0 + H*W]`` (row-major) into the phase planes ``xp``.
+    Every plane of a problem fills the same cells, so the padding cells, zeroed
+    once per task, stay zero. (Flat offsets, not row views: a view per row costs
+    more than a 7-element row.)"""
     if sh == 1 and sw == 1:            # the common case, kept to the simplest loop
         for ih in range(min(H, RQ - ph)):
-            row = src[ih]
+            r = s0 + ih * W
             d = (ih + ph) * WQ + pw
             for iw in range(min(W, WQ - pw)):
-                xp[_u(d + iw)] = row[iw]
+                xp[_u(d + iw)] = src[_u(r + iw)]
         return
     a, rr = ph % sh, ph // sh          # phase and phase-plane row of input row 0
     for ih in range(H):
         if rr >= RQ:
             break
-        row = src[ih]
+        r = s0 + ih * W - pw
         d = a * sw * S + rr * WQ
         if sw == 1:
             for q in range(cols[0, 0], cols[0, 1]):
-                xp[_u(d + q)] = row[_u(q - pw)]
+                xp[_u(d + q)] = src[_u(r + q)]
         elif sw == 2:
             lo0, hi0, lo1, hi1 = cols[0, 0], cols[0, 1], cols[1, 0], cols[1, 1]
             lo, hi = max(lo0, lo1), min(hi0, hi1)
             d1 = d + S
             if lo < hi:
                 for q in range(lo, hi):      # both phases in one loop: de-interleaving loads
-                    xp[_u(d + q)] = row[_u(2 * q - pw)]
-                    xp[_u(d1 + q)] = row[_u(2 * q + 1 - pw)]
+                    xp[_u(d + q)] = src[_u(r + 2 * q)]
+                    xp[_u(d1 + q)] = src[_u(r + 2 * q + 1)]
             else:
                 lo, hi = hi0, hi0
             for q in range(lo0, min(lo, hi0)):
-                xp[_u(d + q)] = row[_u(2 * q - pw)]
+                xp[_u(d + q)] = src[_u(r + 2 * q)]
             for q in range(max(hi, lo0), hi0):
-                xp[_u(d + q)] = row[_u(2 * q - pw)]
+                xp[_u(d + q)] = src[_u(r + 2 * q)]
             for q in range(lo1, min(lo, hi1)):
-                xp[_u(d1 + q)] = row[_u(2 * q + 1 - pw)]
+                xp[_u(d1 + q)] = src[_u(r + 2 * q + 1)]
             for q in range(max(hi, lo1), hi1):
-                xp[_u(d1 + q)] = row[_u(2 * q + 1 - pw)]
+                xp[_u(d1 + q)] = src[_u(r + 2 * q + 1)]
         else:
             for b in range(sw):
                 db = d + b * S
                 for q in range(cols[b, 0], cols[b, 1]):
-                    xp[_u(db + q)] = row[_u(q * sw + b - pw)]
+                    xp[_u(db + q)] = src[_u(r + q * sw + b)]
         a += 1
         if a == sh:
             a = 0
@@ -141,44 +141,30 @@ def _scatter_plane(src, xp, cols, sh, sw, ph, pw, RQ, WQ, S):
 
 
 @njit(inline="always")
-def _gather_plane(xp, dst, cols, sh, sw, ph, pw, RQ, WQ, S):
-    """The inverse of :func:`_scatter_plane`: phase planes back into ``dst[H, W]``;
-    input cells no window reaches get 0."""
-    H, W = dst.shape
+def _gather_plane(xp, dst, d0, H, W, cols, sh, sw, ph, pw, RQ, WQ, S):
+    """The inverse of :func:`_scatter_plane`: phase planes back into the plane
+    ``dst[d0 : d0 + H*W]``; input cells no window reaches get 0."""
     if sh == 1 and sw == 1:
         for ih in range(H):
-            row = dst[ih]
-            if ih + ph >= RQ:
-                row[:] = 0
-                continue
+            r = d0 + ih * W
+            n = min(W, WQ - pw) if ih + ph < RQ else 0
             d = (ih + ph) * WQ + pw
-            n = min(W, WQ - pw)
             for iw in range(n):
-                row[iw] = xp[_u(d + iw)]
+                dst[_u(r + iw)] = xp[_u(d + iw)]
             for iw in range(n, W):
-                row[iw] = 0
+                dst[_u(r + iw)] = 0
         return
     a, rr = ph % sh, ph // sh
     for ih in range(H):
-        row = dst[ih]
-        if rr >= RQ:
-            row[:] = 0
-            continue
-        d = a * sw * S + rr * WQ
-        if sw == 1:
-            lo, hi = cols[0, 0], cols[0, 1]
-            for iw in range(0, lo - pw):
-                row[iw] = 0
-            for q in range(lo, hi):
-                row[_u(q - pw)] = xp[_u(d + q)]
-            for iw in range(hi - pw, W):
-                row[iw] = 0
-        else:
-            row[:] = 0
+        r = d0 + ih * W
+        for iw in range(W):
+            dst[_u(r + iw)] = 0
+        if rr < RQ:
+            d = a * sw * S + rr * WQ
             for b in range(sw):
                 db = d + b * S
                 for q in range(cols[b, 0], cols[b, 1]):
-                    row[_u(q * sw + b - pw)] = xp[_u(db + q)]
+                    dst[_u(r + q * sw + b - pw)] = xp[_u(db + q)]
         a += 1
         if a == sh:
             a = 0
@@ -237,6 +223,8 @@ def forward(x, w, y, sh, sw, rh, rw, ph, pw, cpt):
     OH, OW = y.shape[2], y.shape[3]
     RQ, WQ, L, S = _geometry(KH, KW, OH, OW, sh, sw, rh, rw)
     wk = w.reshape(KH * KW, C)
+    xf = x.reshape(N * C * H * W)
+    yf = y.reshape(N * C * OH * OW)
     nblk = (C + cpt - 1) // cpt
     for job in prange(N * nblk):
         n, blk = job // nblk, job % nblk
@@ -244,19 +232,19 @@ def forward(x, w, y, sh, sw, rh, rw, ph, pw, cpt):
         acc = np.empty(L, x.dtype)
         wv = np.empty(KH * KW, x.dtype)
         for c in range(blk * cpt, min(C, (blk + 1) * cpt)):
-            out = y[n, c]
             if not _finite_taps(w, c):
-                _fwd_direct(x[n, c], w, out, c, sh, sw, rh, rw, ph, pw)
+                _fwd_direct(x[n, c], w, y[n, c], c, sh, sw, rh, rw, ph, pw)
                 continue
-            _scatter_plane(x[n, c], xp, cols, sh, sw, ph, pw, RQ, WQ, S)
+            _scatter_plane(xf, (n * C + c) * H * W, H, W, xp, cols, sh, sw, ph, pw, RQ, WQ, S)
             for k in range(KH * KW):
                 wv[k] = wk[k, c]
             _tap_sum(acc, 0, xp, offs, wv, KH * KW, L)
+            y0 = (n * C + c) * OH * OW
             for oh in range(OH):
-                row = out[oh]
                 base = oh * WQ
+                r = y0 + oh * OW
                 for ow in range(OW):
-                    row[ow] = acc[_u(base + ow)]
+                    yf[_u(r + ow)] = acc[_u(base + ow)]
 
 
 @njit(inline="always")
@@ -308,6 +296,8 @@ def backprop_input(dy, w, dx, sh, sw, rh, rw, ph, pw, cpt):
     # Gather form, phase plane by phase plane: input cell j of phase plane (a, b)
     # collects gp[j - off] * w for each tap of that phase, whose offset into the
     # phase plane is off. gp is stored after a lead of zeros (lead >= every off).
+    dyf = dy.reshape(N * C * OH * OW)
+    dxf = dx.reshape(N * C * H * W)
     lead = ((KH - 1) * rh // sh + 1) * WQ + _VEC
     LJ = (RQ * WQ + _VEC - 1) // _VEC * _VEC
     # only the phase-plane rows that hold input rows are computed
@@ -336,21 +326,20 @@ def backprop_input(dy, w, dx, sh, sw, rh, rw, ph, pw, cpt):
                 count[f] += 1
         wv = np.empty(KH * KW, dy.dtype)
         for c in range(blk * cpt, min(C, (blk + 1) * cpt)):
-            g = dy[n, c]
-            out = dx[n, c]
             if not _finite_taps(w, c):
-                _bin_direct(g, w, out, c, sh, sw, rh, rw, ph, pw)
+                _bin_direct(dy[n, c], w, dx[n, c], c, sh, sw, rh, rw, ph, pw)
                 continue
+            g0 = (n * C + c) * OH * OW
             for oh in range(OH):
-                row = g[oh]
                 base = lead + oh * WQ
+                r = g0 + oh * OW
                 for ow in range(OW):
-                    gp[_u(base + ow)] = row[ow]
+                    gp[_u(base + ow)] = dyf[_u(r + ow)]
             for f in range(nph):
                 for k in range(count[f]):
                     wv[k] = wk[which[f, k], c]
                 _tap_sum(xp, f * S + j0, gp, src[f], wv, count[f], LR)
-            _gather_plane(xp, out, cols, sh, sw, ph, pw, RQ, WQ, S)
+            _gather_plane(xp, dxf, (n * C + c) * H * W, H, W, cols, sh, sw, ph, pw, RQ, WQ, S)
 
 
 @njit(parallel=True, nogil=True, cache=True, fastmath=_REDUCE_MATH)
@@ -366,6 +355,8 @@ def backprop_filter(x, dy, parts, sh, sw, rh, rw, ph, pw, cpt):
     P, KH, KW = parts.shape[0], parts.shape[1], parts.shape[2]
     OH, OW = dy.shape[2], dy.shape[3]
     RQ, WQ, L, S = _geometry(KH, KW, OH, OW, sh, sw, rh, rw)
+    xf = x.reshape(N * C * H * W)
+    dyf = dy.reshape(N * C * OH * OW)
     nblk = (C + cpt - 1) // cpt
     for job in prange(P * nblk):
         p, blk = job // nblk, job % nblk
@@ -376,13 +367,14 @@ def backprop_filter(x, dy, parts, sh, sw, rh, rw, ph, pw, cpt):
         for c in range(blk * cpt, min(C, (blk + 1) * cpt)):
             acc[:] = 0
             for n in range(p * N // P, (p + 1) * N // P):
-                g = dy[n, c]
+                g0 = (n * C + c) * OH * OW
                 for oh in range(OH):
-                    row = g[oh]
                     base = oh * WQ
+                    r = g0 + oh * OW
                     for ow in range(OW):
-                        gp[_u(base + ow)] = row[ow]
-                _scatter_plane(x[n, c], xp, cols, sh, sw, ph, pw, RQ, WQ, S)
+                        gp[_u(base + ow)] = dyf[_u(r + ow)]
+                _scatter_plane(xf, (n * C + c) * H * W, H, W, xp, cols, sh, sw, ph, pw,
+                               RQ, WQ, S)
                 one[:] = 0
                 for i0 in range(0, L, _CHUNK):
                     i1 = min(L, i0 + _CHUNK)
@@ -402,7 +394,7 @@ def backprop_filter(x, dy, parts, sh, sw, rh, rw, ph, pw, cpt):
                     for k in range(KH * KW):
                         acc[k] += one[k]
                 else:
-                    _bfil_direct(x[n, c], g, acc, KH, KW, sh, sw, rh, rw, ph, pw)
+                    _bfil_direct(x[n, c], dy[n, c], acc, KH, KW, sh, sw, rh, rw, ph, pw)
             for kh in range(KH):
                 for kw in range(KW):
                     parts[p, kh, kw, c] = acc[kh * KW + kw]
