@@ -47,7 +47,7 @@ class Plan:
     __slots__ = (
         "ndim", "channels_last", "batch", "channels", "multiplier", "in_sizes",
         "kernel", "out_sizes", "strides", "dilations", "pads", "dtype", "filters",
-        "_typed",
+        "_typed", "_derived",
     )
 
     def __init__(self, ndim, channels_last, batch, channels, multiplier, in_sizes,
@@ -67,6 +67,17 @@ class Plan:
         self.dtype = dtype
         self.filters = filters
         self._typed = None
+        self._derived = None
+
+    def _memo(self, name, make):
+        """A derived value, computed once per plan (plans never change)."""
+        d = self._derived
+        if d is None:
+            d = self._derived = {}
+        v = d.get(name)
+        if v is None:
+            v = d[name] = make()
+        return v
 
     def _layout(self, spatial, channels, ndim):
         spatial = tuple(spatial[3 - ndim:])
@@ -81,12 +92,12 @@ class Plan:
     @property
     def input_shape(self):
         """Shape of the input (and of its gradient) in the caller's layout."""
-        return self._layout(self.in_sizes, self.channels, self.ndim)
+        return self._memo("input_shape", lambda: self._layout(self.in_sizes, self.channels, self.ndim))
 
     @property
     def output_shape(self):
         """Shape of the depthwise output (and of its gradient) in the caller's layout."""
-        return self._layout(self.out_sizes, self.out_channels, self.ndim)
+        return self._memo("output_shape", lambda: self._layout(self.out_sizes, self.out_channels, self.ndim))
 
     @property
     def filter_shape(self):
@@ -103,11 +114,11 @@ class Plan:
     # Canonical 5-D shapes the kernels work on.
     @property
     def input_shape5(self):
-        return self._layout(self.in_sizes, self.channels, 3)
+        return self._memo("input_shape5", lambda: self._layout(self.in_sizes, self.channels, 3))
 
     @property
     def output_shape5(self):
-        return self._layout(self.out_sizes, self.out_channels, 3)
+        return self._memo("output_shape5", lambda: self._layout(self.out_sizes, self.out_channels, 3))
 
     @property
     def filter_shape5(self):
@@ -135,6 +146,7 @@ class Plan:
         for name in Plan.__slots__:
             setattr(c, name, getattr(self, name))
         c._typed = None
+        c._derived = None
         return c
 
     def key(self):
@@ -604,6 +616,19 @@ def keras(inputs_shape, kernel_shape, strides=1, padding="valid", data_format=No
 # --------------------------------------------------------------------------- memory
 
 MAX_BYTES_ENV = "NUMBASEP_MAX_BYTES"
+
+try:   # os.environ's own table: a plain dict lookup, ten times cheaper than .get()
+    _ENV_TABLE = os.environ._data
+    _ENV_KEY = os.environ.encodekey(MAX_BYTES_ENV)
+except AttributeError:   # another Python implementation
+    _ENV_TABLE = None
+
+
+def max_bytes_setting():
+    """The raw value of ``NUMBASEP_MAX_BYTES`` (None when unset), for cache keys."""
+    if _ENV_TABLE is not None:
+        return _ENV_TABLE.get(_ENV_KEY)
+    return os.environ.get(MAX_BYTES_ENV)
 
 
 def _physical_memory():

@@ -97,3 +97,73 @@ def test_the_cache_is_bounded():
     for n in range(shapes._PLAN_CACHE_MAX + 10):
         shapes.raw_forward((n + 1, 5, 5, 2), (3, 3, 2, 1), [1, 1, 1, 1], "SAME")
     assert len(shapes._PLAN_CACHE) <= shapes._PLAN_CACHE_MAX
+
+
+# ------------------------------------------------- the operators' repeated-call path
+
+from numbasep import ops  # noqa: E402
+
+
+@pytest.fixture
+def empty_fast():
+    ops._FAST.clear()
+    yield
+    ops._FAST.clear()
+
+
+def _fwd(x, w, **kw):
+    return numbasep.depthwise_conv2d_native(x, w, [1, 1, 1, 1], "SAME", **kw)
+
+
+def test_a_repeated_call_takes_the_cached_path_and_gives_the_same_result(empty_fast):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 6, 6, 3)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 3, 1)).astype(np.float32)
+    first = _fwd(x, w)
+    assert len(ops._FAST) == 1
+    np.testing.assert_array_equal(_fwd(x, w), first)
+    np.testing.assert_array_equal(_fwd(x[:, ::-1], w), _fwd(np.ascontiguousarray(x[:, ::-1]), w))
+    assert len(ops._FAST) == 2       # the reversed view: other strides, other key
+
+
+def test_memory_limit_set_later_still_refuses(empty_fast, monkeypatch):
+    x = np.ones((2, 6, 6, 3), np.float32)
+    w = np.ones((3, 3, 3, 1), np.float32)
+    _fwd(x, w)
+    monkeypatch.setenv(shapes.MAX_BYTES_ENV, "64")
+    with pytest.raises(numbasep.InvalidArgumentError, match="memory"):
+        _fwd(x, w)
+
+
+def test_a_read_only_out_is_refused_after_a_writable_one(empty_fast):
+    x = np.ones((1, 4, 4, 2), np.float32)
+    w = np.ones((3, 3, 2, 1), np.float32)
+    out = np.empty((1, 4, 4, 2), np.float32)
+    assert _fwd(x, w, out=out) is out
+    out.flags.writeable = False
+    with pytest.raises(numbasep.InvalidArgumentError, match="read-only"):
+        _fwd(x, w, out=out)
+
+
+def test_errors_and_lists_never_enter_the_cache(empty_fast):
+    w = np.ones((3, 3, 2, 1), np.float32)
+    for _ in range(2):
+        with pytest.raises(TypeError):
+            _fwd(np.ones((1, 4, 4, 2), np.float64), w)
+    assert not ops._FAST
+    _fwd([[[[1.0, 2.0]] * 4] * 4], w.astype(np.float64))
+    assert not ops._FAST
+
+
+def test_the_default_data_format_is_part_of_the_key(empty_fast):
+    x = np.ones((1, 3, 8, 8), np.float32)
+    k = np.ones((3, 3, 3, 1), np.float32)
+    with pytest.raises(numbasep.InvalidArgumentError):
+        numbasep.depthwise_conv(x, k)                  # channels_last: 8 channels
+    config.set_image_data_format("channels_first")
+    try:
+        assert numbasep.depthwise_conv(x, k).shape == (1, 3, 6, 6)
+    finally:
+        config.set_image_data_format("channels_last")
+    with pytest.raises(numbasep.InvalidArgumentError):
+        numbasep.depthwise_conv(x, k)

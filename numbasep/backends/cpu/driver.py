@@ -5,7 +5,6 @@ widened to float32 here and results rounded back once, into the caller's dtype,
 so every sum is kept in float32 whatever the storage format.
 """
 
-import copy
 import threading
 
 import numba
@@ -157,13 +156,13 @@ def _on_planes(kern, plan, data, data_sizes, w, shape, sizes, out, wide):
 
 
 def _wide_plan(plan):
-    p = copy.copy(plan)
+    p = plan.clone()
     p.dtype = dtypes.accumulator(plan.dtype)
     return p
 
 
 def _channels_last_plan(plan):
-    p = copy.copy(plan)
+    p = plan.clone()
     p.channels_last = True
     return p
 
