@@ -5,11 +5,12 @@ same process, alternating in short rounds (NHWC then NCHW, then the other way
 round), so that load on a shared machine hits both alike; the ratio reported is
 the median over rounds of (NCHW round median / NHWC round median), with the
 interquartile range of those ratios. Results are written into preallocated
-arrays (``out=``), float32, SAME padding, depth multiplier 1.
+arrays (``out=``), SAME padding; every 2-D depthwise row of the suite (all
+depth multipliers and dtypes it has) at the batch sizes asked for.
 
 Usage::
 
-    python benchmarks/layout_ratio.py [--batch 8] [--threads 1] [--rounds 7] [--case REGEX]
+    python benchmarks/layout_ratio.py [--batch 1,8,32] [--threads 1] [--rounds 7] [--case REGEX]
 """
 
 import argparse
@@ -60,25 +61,24 @@ def measure(case_last, rounds):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--batch", default="1,8,32", help="comma-separated batch sizes")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--case", default=None, help="keep cases whose name matches this regex")
     args = ap.parse_args(argv)
     if args.threads:
         numba.set_num_threads(args.threads)
-    rows = [c for c in suite.cases(N=args.batch, dtype="float32", layout="NHWC",
-                                   op=list(suite.DEPTHWISE_OPS))
-            if c.ndim == 2 and c.multiplier == 1
-            and (args.case is None or re.search(args.case, c.name))]
-    print(f"# {len(rows)} cases, N={args.batch}, threads={numba.get_num_threads()}, "
+    batches = [int(b) for b in args.batch.split(",")]
+    rows = [c for c in suite.cases(N=batches, layout="NHWC", op=list(suite.DEPTHWISE_OPS))
+            if c.ndim == 2 and (args.case is None or re.search(args.case, c.name))]
+    print(f"# {len(rows)} cases, N={batches}, threads={numba.get_num_threads()}, "
           f"layer={numba.threading_layer() if rows else '-'}; times in ms (median)")
-    print(f"{'case':42s} {'NHWC':>8s} {'NCHW':>8s} {'ratio':>6s}  IQR")
+    print(f"{'case':48s} {'NHWC':>8s} {'NCHW':>8s} {'ratio':>6s}  IQR")
     ratios = []
     for c in rows:
         tl, tf, ratio, (q1, q3) = measure(c, args.rounds)
         ratios.append(ratio)
-        print(f"{c.name:42s} {tl * 1e3:8.3f} {tf * 1e3:8.3f} {ratio:6.2f}  {q1:.2f}-{q3:.2f}",
+        print(f"{c.name:48s} {tl * 1e3:8.3f} {tf * 1e3:8.3f} {ratio:6.2f}  {q1:.2f}-{q3:.2f}",
               flush=True)
     if ratios:
         gm = math.exp(sum(map(math.log, ratios)) / len(ratios))

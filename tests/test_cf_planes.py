@@ -106,20 +106,21 @@ def test_huge_windows_go_to_the_row_kernels(monkeypatch):
 
 @pytest.mark.parametrize("where", ["x", "w", "dy"])
 @pytest.mark.parametrize("value", [np.inf, -np.inf, np.nan])
-@pytest.mark.parametrize("padding", ["SAME", "VALID"])
-def test_non_finite_values_propagate_as_in_the_channels_last_kernels(where, value, padding):
+@pytest.mark.parametrize("padding,stride", [("SAME", 2), ("VALID", 2), ("SAME", 1)])
+def test_non_finite_values_propagate_as_in_the_channels_last_kernels(where, value, padding,
+                                                                     stride):
     """Padding products and dropped columns are not products of the operator: an Inf
     next to the padding must give exactly the NaN/Inf pattern of the NHWC kernels
     (which never multiply the padding)."""
     rng = np.random.default_rng(7)
     x = rng.standard_normal((2, 4, 7, 9)).astype(np.float32)
     w = rng.standard_normal((3, 3, 4, 1)).astype(np.float32)
-    attrs = dict(strides=[1, 1, 2, 1], padding=padding, data_format="NCHW")
+    attrs = dict(strides=[1, 1, stride, 1], padding=padding, data_format="NCHW")
     y = F(x, w, **attrs)
     dy = rng.standard_normal(y.shape).astype(np.float32)
     a = {"x": x, "w": w, "dy": dy}[where]
     a.flat[[0, a.size - 1, a.size // 2]] = value      # corners touch the padding
-    last = dict(attrs, strides=[1, 2, 1, 1], data_format="NHWC")
+    last = dict(attrs, strides=[1, stride, 1, 1], data_format="NHWC")
     xl, dyl = np.moveaxis(x, 1, -1), np.moveaxis(dy, 1, -1)
     pairs = [(F(x, w, **attrs), np.moveaxis(F(xl, w, **last), -1, 1)),
              (BI(list(x.shape), w, dy, **attrs),
@@ -151,3 +152,20 @@ def test_filter_gradient_independent_of_thread_count():
 def test_channels_per_task_covers_small_and_large_planes():
     assert planes.plane_channels(49) > 1
     assert planes.plane_channels(147 * 147) == 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 12), st.integers(1, 12), st.sampled_from([1, 3, 5, 7]),
+       st.sampled_from([1, 2, 3]), st.integers(1, 2), st.integers(1, 2))
+def test_stride_one_same_size_planes_match_the_reference(h, w, kh, kw, rh, rw):
+    rng = np.random.default_rng(h * 1000 + w * 100 + kh * 10 + kw)
+    x = rng.standard_normal((2, 5, h, w))
+    k = rng.standard_normal((kh, kw, 5, 1))
+    attrs = dict(strides=[1, 1, 1, 1], padding="SAME", data_format="NCHW",
+                 dilations=[1, 1, rh, rw])
+    y = F(x, k, **attrs)
+    np.testing.assert_allclose(y, R.raw_forward(x, k, **attrs), rtol=0, atol=1e-10)
+    dy = rng.standard_normal(y.shape)
+    np.testing.assert_allclose(BI(list(x.shape), k, dy, **attrs),
+                               R.raw_backprop_input(list(x.shape), k, dy, **attrs),
+                               rtol=0, atol=1e-10)
