@@ -122,7 +122,7 @@ class Plan:
 
     @property
     def filter_shape5(self):
-        return self.kernel + (self.channels, self.multiplier)
+        return self._memo("filter_shape5", lambda: self.kernel + (self.channels, self.multiplier))
 
     def with_dtype(self, dtype):
         """This plan for arrays of ``dtype``: a shared, memoised copy.

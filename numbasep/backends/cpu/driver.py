@@ -263,7 +263,7 @@ class CPUBackend(base.Backend):
         else:
             kern = ks.backprop_filter_cf
             rows = n
-        fsize = int(np.prod(plan.filter_shape5))
+        fsize = plan.kernel[0] * plan.kernel[1] * plan.kernel[2] * plan.channels * plan.multiplier
         chunks = kernels.partial_chunks(rows, fsize)
         parts = np.empty((chunks,) + plan.filter_shape5, buf.dtype)
         _launch(kern, x5, dy5, parts, *_params(plan))
