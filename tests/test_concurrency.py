@@ -37,16 +37,13 @@ import pytest
 
 import numbasep
 
+import support
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
 ONES = [1, 1, 1, 1]
 
 
-def _cuda_missing():
-    try:
-        numbasep.backends.get("cuda")
-    except Exception as e:  # noqa: BLE001 - any failure means "not available"
-        return f"CUDA backend not available: {type(e).__name__}: {e}"
-    return None
+_cuda_missing = support.cuda_missing
 
 
 needs_cuda = pytest.mark.skipif(bool(_cuda_missing()), reason=str(_cuda_missing()))

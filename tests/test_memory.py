@@ -52,17 +52,14 @@ import pytest
 
 import numbasep
 
+import support
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
 ONES = [1, 1, 1, 1]
 MiB = 1 << 20
 
 
-def _cuda_missing():
-    try:
-        numbasep.backends.get("cuda")
-    except Exception as e:  # noqa: BLE001 - any failure means "not available"
-        return f"CUDA backend not available: {type(e).__name__}: {e}"
-    return None
+_cuda_missing = support.cuda_missing
 
 
 def rss():

@@ -22,6 +22,8 @@ import pytest
 
 import _worker as W
 import numbasep
+
+import support
 import reference as ref
 from _worker import Arr, Case
 from numbasep import InvalidArgumentError as IAE
@@ -32,12 +34,7 @@ FW = numbasep.depthwise_conv2d_native
 ONES = [1, 1, 1, 1]
 
 
-def _cuda_missing():
-    try:
-        numbasep.backends.get("cuda")
-    except Exception as e:  # noqa: BLE001 - any failure means "not available"
-        return f"CUDA backend not available: {type(e).__name__}: {e}"
-    return None
+_cuda_missing = support.cuda_missing
 
 
 BACKENDS = [pytest.param("cpu"),
