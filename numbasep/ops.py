@@ -5,6 +5,8 @@ the backend from the arrays' types, and every backend implements the same
 primitives (:class:`numbasep.backends.base.Backend`).
 """
 
+import math
+
 from . import backends, config, dtypes, shapes
 from .errors import InvalidArgumentError
 
@@ -48,13 +50,6 @@ _RAW_ATTRS = "strides, padding, explicit_paddings and dilations"
 _KERAS_ATTRS = "strides, padding and dilation_rate"
 
 
-def _prod(shape):
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
 def _contiguous(a):
     test = getattr(a, "is_c_contiguous", None)   # numba device arrays
     return test() if test is not None else bool(a.flags.c_contiguous)
@@ -81,23 +76,23 @@ def _check_memory(be, plan, results, arrays, culprits, temps=(), filter_grad=Fal
     # which keeps this check off the small-call overhead.
     parts = []
     for label, shape, given, in_layout in results:
-        n = _prod(shape)
+        n = math.prod(shape)
         nbytes = n * acc.itemsize if given else \
             n * item + (n * acc.itemsize if acc.itemsize != item else 0)
         if cf and in_layout and not given and acc.itemsize == item:
             nbytes += n * acc.itemsize          # the channels-last buffer
         parts.append((nbytes, "{} of shape {} ({})", (label, shape, plan.dtype)))
     for t in temps:
-        parts.append((_prod(t) * acc.itemsize * (2 if cf else 1),
+        parts.append((math.prod(t) * acc.itemsize * (2 if cf else 1),
                       "an intermediate of shape {} ({})", (t, acc)))
     if filter_grad:
-        f = _prod(plan.filter_shape)
+        f = math.prod(plan.filter_shape)
         parts.append((min(64 * f, max(f, _PARTIAL_ELEMS)) * acc.itemsize,
                       "the filter gradient's partial sums", ()))
     for name, a in arrays:
         if dtypes.is_16bit(be.dtype(a)) or not _contiguous(a) or (cf and name in data):
             shape = be.shape(a)
-            parts.append((_prod(shape) * acc.itemsize, "a contiguous {} copy of {} (shape {})",
+            parts.append((math.prod(shape) * acc.itemsize, "a contiguous {} copy of {} (shape {})",
                           (acc, name, shape)))
     total = sum(p[0] for p in parts)
     limit = shapes.memory_limit()

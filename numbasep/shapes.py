@@ -92,12 +92,14 @@ class Plan:
     @property
     def input_shape(self):
         """Shape of the input (and of its gradient) in the caller's layout."""
-        return self._memo("input_shape", lambda: self._layout(self.in_sizes, self.channels, self.ndim))
+        return self._memo("input_shape",
+                          lambda: self._layout(self.in_sizes, self.channels, self.ndim))
 
     @property
     def output_shape(self):
         """Shape of the depthwise output (and of its gradient) in the caller's layout."""
-        return self._memo("output_shape", lambda: self._layout(self.out_sizes, self.out_channels, self.ndim))
+        return self._memo("output_shape",
+                          lambda: self._layout(self.out_sizes, self.out_channels, self.ndim))
 
     @property
     def filter_shape(self):
@@ -118,7 +120,8 @@ class Plan:
 
     @property
     def output_shape5(self):
-        return self._memo("output_shape5", lambda: self._layout(self.out_sizes, self.out_channels, 3))
+        return self._memo("output_shape5",
+                          lambda: self._layout(self.out_sizes, self.out_channels, 3))
 
     @property
     def filter_shape5(self):

@@ -227,7 +227,8 @@ def _tap_sum(dst, d0, src, offs, wv, ntaps, length):
 
 @njit(parallel=True, nogil=True, cache=True)
 def forward(x, w, y, sh, sw, rh, rw, ph, pw, cpt):
-    """y[n, c, oh, ow] = sum_{kh, kw} x[n, c, oh*sh - ph + kh*rh, ow*sw - pw + kw*rw] * w[kh, kw, c].
+    """y[n, c, oh, ow] = sum over (kh, kw) of
+    x[n, c, oh*sh - ph + kh*rh, ow*sw - pw + kw*rw] * w[kh, kw, c].
 
     ``x[N, C, H, W]``, ``w[KH, KW, C]``, ``y[N, C, OH, OW]``, all C-contiguous;
     ``cpt`` channels per task.

@@ -19,6 +19,7 @@ shape only, so a result never depends on the device it ran on.
 """
 
 import ctypes
+import math
 import sys
 
 import numpy as np
@@ -48,13 +49,6 @@ _MAX_PARTS = 1 << 26     # elements of a partial-sum buffer (256 MiB of float32)
 
 def _cdiv(a, b):
     return -(-a // b)
-
-
-def _size(shape):
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _grid1(total):
@@ -201,7 +195,7 @@ def _sim_from_interface(obj, iface):
             step *= max(s, 1)
     strides = tuple(int(s) for s in strides)
     ptr = iface["data"][0]
-    if _size(shape) == 0 or not ptr:
+    if math.prod(shape) == 0 or not ptr:
         arr = np.empty(shape, dtype)
     else:
         lo = sum((s - 1) * st for s, st in zip(shape, strides) if st < 0)
@@ -362,7 +356,7 @@ class CUDABackend(base.Backend):
 
     def depthwise_backprop_filter(self, plan, x, dy, out=None, wide=False):
         dw = self._result(plan, plan.filter_shape, out, wide)
-        taps = _size(plan.kernel)
+        taps = math.prod(plan.kernel)
         cm = plan.out_channels
         if dw.size == 0 or _zero_if_empty_operand(dw, x, dy):
             return dw
@@ -462,7 +456,7 @@ class CUDABackend(base.Backend):
         if o.size == 0:
             return o
         cm, f, n = plan.out_channels, plan.filters, plan.batch
-        sp = _size(plan.out_sizes)
+        sp = math.prod(plan.out_sizes)
         pk2 = self._pk2(plan, pk)
         if plan.channels_last:
             z2 = self._operand(z, (1, n * sp, cm))
@@ -476,7 +470,7 @@ class CUDABackend(base.Backend):
         if o.size == 0:
             return o
         cm, f, n = plan.out_channels, plan.filters, plan.batch
-        sp = _size(plan.out_sizes)
+        sp = math.prod(plan.out_sizes)
         pk2 = self._pk2(plan, pk)
         if plan.channels_last:
             # dz (R, CM) = dout (R, F) @ pk2^T: pk2 stored (CM, F) = [J, K].
@@ -491,7 +485,7 @@ class CUDABackend(base.Backend):
         if o.size == 0:
             return o
         cm, f, n = plan.out_channels, plan.filters, plan.batch
-        sp = _size(plan.out_sizes)
+        sp = math.prod(plan.out_sizes)
         if plan.channels_last:
             # dpk (CM, F) = z2^T @ dout2: z2 stored (R, CM) = [K, I].
             z2 = self._operand(z, (1, n * sp, cm))
