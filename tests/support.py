@@ -1,5 +1,8 @@
 """Helpers shared by several test modules (imported as ``support``, like ``reference``)."""
 
+import numba
+import numpy as np
+
 import numbasep
 
 
@@ -11,3 +14,61 @@ def cuda_missing():
         return f"CUDA backend not available: {type(e).__name__}: {e}"
     return None
 
+
+
+def channels_first_vs_last(x, w, dy, attrs, last):
+    """The three raw ops on channels-first ``x``/``dy`` under ``attrs``, each paired
+    with the same op on the channels-last copies under ``last``, moved back."""
+    F = numbasep.depthwise_conv2d_native
+    BI = numbasep.depthwise_conv2d_native_backprop_input
+    BF = numbasep.depthwise_conv2d_native_backprop_filter
+    xl, dyl = np.moveaxis(x, 1, -1), np.moveaxis(dy, 1, -1)
+    return [(F(x, w, **attrs), np.moveaxis(F(xl, w, **last), -1, 1)),
+            (BI(list(x.shape), w, dy, **attrs),
+             np.moveaxis(BI(list(xl.shape), w, dyl, **last), -1, 1)),
+            (BF(x, list(w.shape), dy, **attrs), BF(xl, list(w.shape), dyl, **last))]
+
+
+def assert_same_non_finite_pattern(pairs):
+    """Each (got, want): NaN and Inf in the same places, finite values close."""
+    for got, want in pairs:
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+        ok = np.isfinite(want)
+        np.testing.assert_allclose(got[ok], want[ok], rtol=1e-5, atol=1e-4)
+
+
+def bytes_per_thread_count(call):
+    """The distinct results (as bytes) of ``call()`` with 1 thread and with all."""
+    old = numba.get_num_threads()
+    got = set()
+    try:
+        for n in sorted({1, numba.config.NUMBA_NUM_THREADS}):
+            numba.set_num_threads(n)
+            got.add(call().tobytes())
+    finally:
+        numba.set_num_threads(old)
+    return got
+
+
+def assert_three_ops_match_the_reference(xs, fs, attrs, dtype):
+    """Random x, w, dy of ``dtype`` (seeded by the problem); the three raw ops
+    against the float64 reference, within the dtype's tolerance per tap."""
+    import reference as R
+    F = numbasep.depthwise_conv2d_native
+    BI = numbasep.depthwise_conv2d_native_backprop_input
+    BF = numbasep.depthwise_conv2d_native_backprop_filter
+    rng = np.random.default_rng(abs(hash((xs, fs, str(attrs)))) % 2**32)
+    x = rng.standard_normal(xs).astype(dtype)
+    w = rng.standard_normal(fs).astype(dtype)
+    y = F(x, w, **attrs)
+    dy = rng.standard_normal(y.shape).astype(dtype)
+    x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    for got, want in ((y, R.raw_forward(x64, w64, **attrs)),
+                      (BI(list(xs), w, dy, **attrs),
+                       R.raw_backprop_input(list(xs), w64, dy64, **attrs)),
+                      (BF(x, list(fs), dy, **attrs),
+                       R.raw_backprop_filter(x64, list(fs), dy64, **attrs))):
+        scale = 1.0 + np.abs(want).max(initial=0.0)
+        np.testing.assert_allclose(got, want, rtol=0, atol=tol * scale * max(fs[0] * fs[1], 1))

@@ -7,7 +7,6 @@ compute and drop (which must never turn an Inf into a NaN the operator does not
 have), the direct fallback, and the fixed reduction order of the filter gradient.
 """
 
-import numba
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -16,6 +15,7 @@ import numbasep
 from numbasep.backends.cpu import driver, planes
 
 import reference as R
+import support
 
 F = numbasep.depthwise_conv2d_native
 BI = numbasep.depthwise_conv2d_native_backprop_input
@@ -61,20 +61,7 @@ def _taken(monkeypatch):
 @given(problems(), st.sampled_from([np.float32, np.float64]))
 def test_all_three_ops_match_the_reference(problem, dtype):
     xs, fs, attrs = problem
-    rng = np.random.default_rng(abs(hash((xs, fs, str(attrs)))) % 2**32)
-    x = rng.standard_normal(xs).astype(dtype)
-    w = rng.standard_normal(fs).astype(dtype)
-    y = F(x, w, **attrs)
-    dy = rng.standard_normal(y.shape).astype(dtype)
-    x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
-    tol = 1e-4 if dtype == np.float32 else 1e-10
-    for got, want in ((y, R.raw_forward(x64, w64, **attrs)),
-                      (BI(list(xs), w, dy, **attrs), R.raw_backprop_input(list(xs), w64, dy64,
-                                                                         **attrs)),
-                      (BF(x, list(fs), dy, **attrs), R.raw_backprop_filter(x64, list(fs), dy64,
-                                                                          **attrs))):
-        scale = 1.0 + np.abs(want).max(initial=0.0)
-        np.testing.assert_allclose(got, want, rtol=0, atol=tol * scale * max(fs[0] * fs[1], 1))
+    support.assert_three_ops_match_the_reference(xs, fs, attrs, dtype)
 
 
 def test_the_plane_kernels_take_2d_and_1d_channels_first(monkeypatch):
@@ -121,31 +108,15 @@ def test_non_finite_values_propagate_as_in_the_channels_last_kernels(where, valu
     a = {"x": x, "w": w, "dy": dy}[where]
     a.flat[[0, a.size - 1, a.size // 2]] = value      # corners touch the padding
     last = dict(attrs, strides=[1, stride, 1, 1], data_format="NHWC")
-    xl, dyl = np.moveaxis(x, 1, -1), np.moveaxis(dy, 1, -1)
-    pairs = [(F(x, w, **attrs), np.moveaxis(F(xl, w, **last), -1, 1)),
-             (BI(list(x.shape), w, dy, **attrs),
-              np.moveaxis(BI(list(xl.shape), w, dyl, **last), -1, 1)),
-             (BF(x, list(w.shape), dy, **attrs), BF(xl, list(w.shape), dyl, **last))]
-    for got, want in pairs:
-        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-        np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
-        ok = np.isfinite(want)
-        np.testing.assert_allclose(got[ok], want[ok], rtol=1e-5, atol=1e-4)
+    support.assert_same_non_finite_pattern(support.channels_first_vs_last(x, w, dy, attrs, last))
 
 
 def test_filter_gradient_independent_of_thread_count():
     rng = np.random.default_rng(3)
     x = rng.standard_normal((70, 5, 12, 10)).astype(np.float32)
     dy = rng.standard_normal((70, 5, 6, 10)).astype(np.float32)
-    old = numba.get_num_threads()
-    got = set()
-    try:
-        for n in sorted({1, numba.config.NUMBA_NUM_THREADS}):
-            numba.set_num_threads(n)
-            got.add(BF(x, [3, 3, 5, 1], dy, [1, 1, 2, 1], "SAME",
-                       data_format="NCHW").tobytes())
-    finally:
-        numba.set_num_threads(old)
+    got = support.bytes_per_thread_count(
+        lambda: BF(x, [3, 3, 5, 1], dy, [1, 1, 2, 1], "SAME", data_format="NCHW"))
     assert len(got) == 1
 
 

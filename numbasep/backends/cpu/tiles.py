@@ -1,0 +1,279 @@
+"""Channels-first kernels for small maps: each block of channels computed channels-last.
+
+On a 7x7 map a channels-first plane holds 49 values: whatever a plane kernel does
+per plane (copies, loop set-up, short vector runs) is paid for a few dozen
+multiply-adds. Channels-last kernels have no such cost, since they vectorise
+across channels. Here a task transposes a block of ``_CB`` channels of one image
+into a channels-last tile in L1 (with the padding written as zeros), computes
+there exactly as the channels-last kernels do, and transposes the result back.
+The transposes work on 8 x 8 blocks in vector registers (:func:`_t8`); only the
+pixels and channels left over from whole 8-blocks go one by one.
+
+Products with the zero padding are not products of the operator; with an Inf
+or NaN weight they would put NaN where the operator has none. Channels whose
+taps are not all finite (forward, input gradient), and (channel, image) pairs
+whose filter-gradient sums are not finite, are therefore recomputed by the
+direct loops of :mod:`.planes`, which skip the padding.
+
+These kernels take 2-D (and 1-D) problems with depth multiplier 1 and stride 1
+whose maps are small (see the driver); within a sum the taps come in (kh, kw)
+order, as in the other kernels.
+"""
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from .kernels import UNROLLED, _REDUCE_MATH, _u
+from .planes import _bfil_direct, _bin_direct, _finite_taps, _fwd_direct
+
+# Channels per tile: eight 8-lane vectors per pixel; a 9 x 9 tile of them is 20 KiB.
+_CB = 64
+CHANNELS = _CB
+
+_I32 = ir.IntType(32)
+_LO = ir.Constant(ir.VectorType(_I32, 8), [0, 8, 1, 9, 2, 10, 3, 11])
+_HI = ir.Constant(ir.VectorType(_I32, 8), [4, 12, 5, 13, 6, 14, 7, 15])
+
+
+@intrinsic
+def _t8(typingctx, src, s0, ss, dst, d0, doffs, di):
+    """Transpose an 8 x 8 block: row r of the block is ``src[s0 + r*ss : +8]``;
+    column c goes to ``dst[d0 + doffs[di + c] : +8]``.
+
+    Eight vector loads, three rounds of interleaving (each round rotates the six
+    bits of an element's (row, column) index by one; three rounds swap row and
+    column) and eight vector stores. The caller guarantees the bounds."""
+    sig = types.void(src, s0, ss, dst, d0, doffs, di)
+
+    def codegen(context, builder, signature, args):
+        srcv, s0v, ssv, dstv, d0v, offv, div = args
+        sary = context.make_array(signature.args[0])(context, builder, srcv)
+        dary = context.make_array(signature.args[3])(context, builder, dstv)
+        oary = context.make_array(signature.args[5])(context, builder, offv)
+        elt = context.get_data_type(signature.args[0].dtype)
+        align = context.get_abi_sizeof(elt)
+        vptr = ir.VectorType(elt, 8).as_pointer()
+        rows = []
+        for r in range(8):
+            off = builder.add(s0v, builder.mul(ssv, ir.Constant(ssv.type, r)))
+            ptr = builder.bitcast(builder.gep(sary.data, [off]), vptr)
+            rows.append(builder.load(ptr, align=align))
+        for _ in range(3):
+            rows = [builder.shuffle_vector(rows[i], rows[i + 4], mask)
+                    for i in range(4) for mask in (_LO, _HI)]
+        for c in range(8):
+            k = builder.add(div, ir.Constant(div.type, c))
+            off = builder.add(d0v, builder.load(builder.gep(oary.data, [k])))
+            ptr = builder.bitcast(builder.gep(dary.data, [off]), vptr)
+            builder.store(rows[c], ptr, align=align)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(inline="always")
+def _to_tile(src, s0, P, cb, tile, pos):
+    """``cb`` channels of P pixels, ``src[s0 + c*P + p]``, into ``tile[pos[p] + c]``."""
+    g8 = cb // 8 * 8
+    p8 = P // 8 * 8
+    for g in range(0, g8, 8):
+        for p in range(0, p8, 8):
+            _t8(src, s0 + g * P + p, P, tile, g, pos, p)
+        for c in range(g, g + 8):
+            for p in range(p8, P):
+                tile[_u(pos[p] + c)] = src[_u(s0 + c * P + p)]
+    for c in range(g8, cb):
+        for p in range(P):
+            tile[_u(pos[p] + c)] = src[_u(s0 + c * P + p)]
+
+
+@njit(inline="always")
+def _from_tile(tile, P, cb, dst, d0, down):
+    """The inverse of :func:`_to_tile` for an unpadded tile (pixel p at ``p*_CB``):
+    ``dst[d0 + c*P + p] = tile[p*_CB + c]``; ``down[c] = c*P`` for c < 8."""
+    g8 = cb // 8 * 8
+    p8 = P // 8 * 8
+    for g in range(0, g8, 8):
+        for p in range(0, p8, 8):
+            _t8(tile, p * _CB + g, _CB, dst, d0 + g * P + p, down, 0)
+        for c in range(g, g + 8):
+            for p in range(p8, P):
+                dst[_u(d0 + c * P + p)] = tile[_u(p * _CB + c)]
+    for c in range(g8, cb):
+        for p in range(P):
+            dst[_u(d0 + c * P + p)] = tile[_u(p * _CB + c)]
+
+
+@njit(inline="always")
+def _positions(H, W, WP, r0, q0):
+    """pos[ih*W + iw] = _CB * (tile cell of input (ih, iw)) in a tile of rows WP
+    long whose cell (r0, q0) holds input (0, 0); 8 spare entries for _t8."""
+    pos = np.zeros(H * W + 8, np.int64)
+    for ih in range(H):
+        for iw in range(W):
+            pos[ih * W + iw] = ((ih + r0) * WP + iw + q0) * _CB
+    return pos
+
+
+@njit(inline="always")
+def _block_taps(wk, c0, cb, KT):
+    """wt[t*_CB + c] = wk[t, c0 + c] (zeros past cb: spare lanes stay finite)."""
+    wt = np.zeros(KT * _CB, wk.dtype)
+    for t in range(KT):
+        for c in range(cb):
+            wt[t * _CB + c] = wk[t, c0 + c]
+    return wt
+
+
+def _build(KH, KW):
+    """The kernels with the window's taps unrolled (KH = 0: generic)."""
+    UNROLL = KH > 0
+
+    @njit(parallel=True, nogil=True, cache=True)
+    def correlate(src, w, dst, rh, rw, ph, pw, adjoint):
+        """The forward (``adjoint`` False) or the input gradient (True), stride 1:
+
+        forward, ``src`` = x, ``dst`` = y: y[n, c, oh, ow] = sum over taps of
+        x[n, c, oh - ph + kh*rh, ow - pw + kw*rw] * w[kh, kw, c];
+        input gradient, ``src`` = dy, ``dst`` = dx, in gather form: dx[n, c, ih, iw] =
+        sum over taps of dy[n, c, ih + ph - kh*rh, iw + pw - kw*rw] * w[kh, kw, c].
+
+        ``src[N, C, SH, SW]``, ``w[KH, KW, C]``, ``dst[N, C, DH, DW]``.
+        """
+        N, C, SH, SW = src.shape
+        DH, DW = dst.shape[2], dst.shape[3]
+        KH_, KW_ = w.shape[0], w.shape[1]
+        if UNROLL:
+            KH_, KW_ = KH, KW
+        LA, LB = (KH_ - 1) * rh, (KW_ - 1) * rw
+        if adjoint:
+            # dy with LA rows and LB columns of zeros on each side; dx (i, j) reads
+            # back from tile cell (i + ph + LA, j + pw + LB)
+            HP, WP = SH + 2 * LA, SW + 2 * LB
+            r0, q0, br, bq, step = LA, LB, ph + LA, pw + LB, -_CB
+        else:
+            # the tile holds every input cell and every cell a window reaches
+            HP, WP = max(ph + SH, DH + LA), max(pw + SW, DW + LB)
+            r0, q0, br, bq, step = ph, pw, 0, 0, _CB
+        wk = w.reshape(KH_ * KW_, C)
+        sf = src.reshape(N * C * SH * SW)
+        df = dst.reshape(N * C * DH * DW)
+        nblk = (C + _CB - 1) // _CB
+        for job in prange(N * nblk):
+            n, blk = job // nblk, job % nblk
+            c0 = blk * _CB
+            cb = min(_CB, C - c0)
+            cv = (cb + 7) // 8 * 8     # a run time bound: LLVM vectorises, not unrolls
+            pos = _positions(SH, SW, WP, r0, q0)
+            down = np.arange(8) * (DH * DW)
+            st = np.zeros(HP * WP * _CB, src.dtype)
+            dt = np.empty(DH * DW * _CB, src.dtype)
+            wt = _block_taps(wk, c0, cb, KH_ * KW_)
+            _to_tile(sf, (n * C + c0) * SH * SW, SH * SW, cb, st, pos)
+            for i in range(DH):
+                for j in range(DW):
+                    o = (i * DW + j) * _CB
+                    b = ((i + br) * WP + j + bq) * _CB
+                    for c in range(cv):
+                        acc = st[_u(b + c)] * wt[_u(c)]
+                        for kh in range(KH_):
+                            for kw in range(KW_):
+                                if kh + kw > 0:
+                                    acc += (st[_u(b + (kh * rh * WP + kw * rw) * step + c)]
+                                            * wt[_u((kh * KW_ + kw) * _CB + c)])
+                        dt[_u(o + c)] = acc
+            _from_tile(dt, DH * DW, cb, df, (n * C + c0) * DH * DW, down)
+            for c in range(c0, c0 + cb):
+                if _finite_taps(w, c):
+                    continue
+                if adjoint:
+                    _bin_direct(src[n, c], w, dst[n, c], c, 1, 1, rh, rw, ph, pw)
+                else:
+                    _fwd_direct(src[n, c], w, dst[n, c], c, 1, 1, rh, rw, ph, pw)
+
+    @njit(parallel=True, nogil=True, cache=True, fastmath=_REDUCE_MATH)
+    def backprop_filter(x, dy, parts, rh, rw, ph, pw):
+        """parts[p, kh, kw, c] = the filter gradient of channel c over the images of
+        chunk p (stride 1). Chunks depend on the problem only; each task sums its
+        chunk's images in order, so the result does not depend on the thread count."""
+        N, C, H, W = x.shape
+        P, KH_, KW_ = parts.shape[0], parts.shape[1], parts.shape[2]
+        if UNROLL:
+            KH_, KW_ = KH, KW
+        OH, OW = dy.shape[2], dy.shape[3]
+        KT = KH_ * KW_
+        HP = max(ph + H, OH + (KH_ - 1) * rh)
+        WP = max(pw + W, OW + (KW_ - 1) * rw)
+        xf = x.reshape(N * C * H * W)
+        dyf = dy.reshape(N * C * OH * OW)
+        nblk = (C + _CB - 1) // _CB
+        for job in prange(P * nblk):
+            p, blk = job // nblk, job % nblk
+            c0 = blk * _CB
+            cb = min(_CB, C - c0)
+            cv = (cb + 7) // 8 * 8     # a run time bound: LLVM vectorises, not unrolls
+            pos = _positions(H, W, WP, ph, pw)
+            flat = np.arange(OH * OW + 8) * _CB
+            xt = np.zeros(HP * WP * _CB, x.dtype)
+            gt = np.zeros(OH * OW * _CB, x.dtype)
+            one = np.empty(KT * _CB, x.dtype)
+            acc = np.zeros(KT * _CB, x.dtype)
+            direct = np.empty(KT, x.dtype)
+            for n in range(p * N // P, (p + 1) * N // P):
+                _to_tile(xf, (n * C + c0) * H * W, H * W, cb, xt, pos)
+                _to_tile(dyf, (n * C + c0) * OH * OW, OH * OW, cb, gt, flat)
+                one[:] = 0
+                for oh in range(OH):
+                    for ow in range(OW):
+                        o = (oh * OW + ow) * _CB
+                        b = (oh * WP + ow) * _CB
+                        for kh in range(KH_):
+                            for kw in range(KW_):
+                                t = (kh * KW_ + kw) * _CB
+                                s = b + (kh * rh * WP + kw * rw) * _CB
+                                for c in range(cv):
+                                    one[_u(t + c)] += xt[_u(s + c)] * gt[_u(o + c)]
+                # finite operands give finite sums (padding products are exact
+                # zeros); otherwise the padding must not count: direct loop
+                for c in range(cb):
+                    check = one[c] * 0
+                    for t in range(KT):
+                        check += one[t * _CB + c] * 0
+                    if check == 0:
+                        for t in range(KT):
+                            acc[t * _CB + c] += one[t * _CB + c]
+                    else:
+                        direct[:] = 0
+                        _bfil_direct(x[n, c0 + c], dy[n, c0 + c], direct, KH_, KW_,
+                                     1, 1, rh, rw, ph, pw)
+                        for t in range(KT):
+                            acc[t * _CB + c] += direct[t]
+            for kh in range(KH_):
+                for kw in range(KW_):
+                    for c in range(cb):
+                        parts[p, kh, kw, c0 + c] = acc[(kh * KW_ + kw) * _CB + c]
+
+    return correlate, backprop_filter
+
+
+class TileKernels:
+    """The tile kernels for one unrolled window shape (or the generic ones):
+    ``correlate`` (forward and input gradient) and ``backprop_filter``."""
+
+    def __init__(self, KH, KW):
+        self.correlate, self.backprop_filter = _build(KH, KW)
+
+
+_sets = {}
+
+
+def for_plan(plan):
+    """The tile kernels serving ``plan``: unrolled when its window shape has a set."""
+    key = (plan.kernel[1], plan.kernel[2])
+    if key not in UNROLLED:
+        key = (0, 0)
+    if key not in _sets:
+        _sets[key] = TileKernels(*key)
+    return _sets[key]

@@ -1,0 +1,147 @@
+"""The channels-first tile kernels (numbasep/backends/cpu/tiles.py).
+
+They take stride-1 channels-first problems on small maps, transposing blocks of
+64 channels into channels-last tiles with 8 x 8 register transposes. The tests
+aim at what is theirs: the transpose itself, blocks and 8-groups cut at every
+remainder (channels and pixels), dilations and asymmetric paddings inside the
+tile, the generic (not unrolled) windows, non-finite values next to the padding,
+and which problems they take. Routing is forced both ways, so that the plane
+kernels keep their own coverage of the same small problems.
+"""
+
+import numba
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import numbasep
+from numbasep.backends.cpu import driver, tiles
+
+import reference as R
+import support
+
+F = numbasep.depthwise_conv2d_native
+BI = numbasep.depthwise_conv2d_native_backprop_input
+BF = numbasep.depthwise_conv2d_native_backprop_filter
+
+
+@pytest.fixture
+def route(monkeypatch):
+    """route(True): every stride-1 problem the plane kernels take goes to the tiles;
+    route(False): none does. Returns the list of routing decisions taken."""
+    seen = []
+
+    def set_route(on):
+        real = driver._by_planes
+
+        def by_tiles(plan):
+            ok = on and real(plan) and plan.strides == (1, 1, 1)
+            seen.append(ok)
+            return ok
+        monkeypatch.setattr(driver, "_by_tiles", by_tiles)
+        return seen
+    return set_route
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_register_transpose_moves_every_element(dtype):
+    @numba.njit
+    def run(src, s0, ss, dst, d0, doffs, di):
+        tiles._t8(src, s0, ss, dst, d0, doffs, di)
+
+    src = np.arange(200, dtype=dtype)
+    dst = np.full(400, -1, dtype)
+    doffs = np.array([0, 0, 0, 50, 13, 100, 161, 200, 230, 300, 350], np.int64)
+    run(src, 5, 23, dst, 7, doffs, 3)
+    want = np.full(400, -1, dtype)
+    for r in range(8):
+        for c in range(8):
+            want[7 + doffs[3 + c] + r] = src[5 + r * 23 + c]
+    np.testing.assert_array_equal(dst, want)
+
+
+@st.composite
+def small_problems(draw):
+    n = draw(st.integers(1, 2))
+    c = draw(st.sampled_from([1, 3, 8, 9, 15, 64, 65, 71, 130]))
+    h, w = draw(st.integers(1, 9)), draw(st.integers(1, 9))
+    kh, kw = draw(st.sampled_from([(3, 3), (5, 5), (1, 3), (2, 3), (4, 1), (1, 1)]))
+    rh, rw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    padding = draw(st.sampled_from(["SAME", "VALID", "EXPLICIT"]))
+    ep = []
+    if padding == "EXPLICIT":
+        ep = [0, 0, 0, 0] + draw(st.lists(st.integers(0, 4), min_size=4, max_size=4))
+    attrs = dict(strides=[1, 1, 1, 1], padding=padding, explicit_paddings=ep,
+                 data_format="NCHW", dilations=[1, 1, rh, rw])
+    out_h = R.tf_output_and_pad(h, kh, 1, rh, padding, tuple(ep[4:6]) or (0, 0))[0]
+    out_w = R.tf_output_and_pad(w, kw, 1, rw, padding, tuple(ep[6:8]) or (0, 0))[0]
+    if out_h <= 0 or out_w <= 0:
+        attrs.update(padding="SAME", explicit_paddings=[])
+    return (n, c, h, w), (kh, kw, c, 1), attrs
+
+
+@pytest.mark.parametrize("tiled", [True, False], ids=["tiles", "planes"])
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(problem=small_problems(), dtype=st.sampled_from([np.float32, np.float64]))
+def test_all_three_ops_match_the_reference(route, tiled, problem, dtype):
+    seen = route(tiled)
+    xs, fs, attrs = problem
+    support.assert_three_ops_match_the_reference(xs, fs, attrs, dtype)
+    assert seen and all(s == tiled for s in seen)
+
+
+@pytest.mark.parametrize("where", ["x", "w", "dy"])
+@pytest.mark.parametrize("value", [np.inf, -np.inf, np.nan])
+@pytest.mark.parametrize("padding", ["SAME", "VALID", "EXPLICIT"])
+def test_non_finite_values_propagate_as_in_the_channels_last_kernels(route, where, value,
+                                                                     padding):
+    """An Inf next to the zero padding of a tile must give exactly the NaN/Inf
+    pattern of the NHWC kernels (which never multiply the padding)."""
+    seen = route(True)
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 70, 7, 6)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 70, 1)).astype(np.float32)
+    ep = [0, 0, 0, 0, 2, 0, 1, 3] if padding == "EXPLICIT" else []
+    attrs = dict(strides=[1, 1, 1, 1], padding=padding, explicit_paddings=ep,
+                 data_format="NCHW")
+    y = F(x, w, **attrs)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    a = {"x": x, "w": w, "dy": dy}[where]
+    second_block = 65 if where == "w" else 65 * a.shape[2] * a.shape[3]
+    a.flat[[0, a.size - 1, a.size // 2, second_block]] = value   # corners touch the padding
+    last = dict(attrs, data_format="NHWC",
+                explicit_paddings=[0, 0] + ep[4:] + [0, 0] if ep else [])
+    support.assert_same_non_finite_pattern(support.channels_first_vs_last(x, w, dy, attrs, last))
+    assert True in seen
+
+
+def test_the_tile_kernels_take_small_stride_one_maps_only(monkeypatch):
+    seen = []
+    real = driver._by_tiles
+
+    def spy(plan):
+        ok = real(plan)
+        seen.append(ok)
+        return ok
+    monkeypatch.setattr(driver, "_by_tiles", spy)
+    w = np.ones((3, 3, 16, 1), np.float32)
+    F(np.ones((2, 16, 7, 7), np.float32), w, [1, 1, 1, 1], "SAME", data_format="NCHW")
+    assert seen == [True]
+    for shape, strides in (((2, 16, 7, 7), [1, 1, 2, 2]),       # strided: planes
+                           ((2, 16, 14, 14), [1, 1, 1, 1])):    # larger map: planes
+        seen.clear()
+        F(np.ones(shape, np.float32), w, strides, "SAME", data_format="NCHW")
+        assert seen == [False]
+    seen.clear()
+    F(np.ones((2, 7, 7, 16), np.float32), w, [1, 1, 1, 1], "SAME")   # NHWC
+    assert seen == [False]
+
+
+def test_filter_gradient_independent_of_thread_count():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((70, 130, 7, 7)).astype(np.float32)
+    dy = rng.standard_normal((70, 130, 7, 7)).astype(np.float32)
+    got = support.bytes_per_thread_count(
+        lambda: BF(x, [3, 3, 130, 1], dy, [1, 1, 1, 1], "SAME", data_format="NCHW"))
+    assert len(got) == 1
