@@ -1,8 +1,8 @@
 """The channels-first tile kernels (numbasep/backends/cpu/tiles.py).
 
 They take stride-1 channels-first problems on small maps, transposing blocks of
-64 channels into channels-last tiles with 8 x 8 register transposes. The tests
-aim at what is theirs: the transpose itself, blocks and 8-groups cut at every
+64 channels into channels-last tiles with 8 x 8 register transposes (tested in
+test_simd.py). The tests aim at what is theirs: blocks and 8-groups cut at every
 remainder (channels and pixels), dilations and asymmetric paddings inside the
 tile, the generic (not unrolled) windows, non-finite values next to the padding,
 and which problems they take. Routing is forced both ways, so that the plane
@@ -41,23 +41,6 @@ def route(monkeypatch):
         monkeypatch.setattr(driver, "_by_tiles", by_tiles)
         return seen
     return set_route
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_register_transpose_moves_every_element(dtype):
-    @numba.njit
-    def run(src, s0, ss, dst, d0, doffs, di):
-        tiles._t8(src, s0, ss, dst, d0, doffs, di)
-
-    src = np.arange(200, dtype=dtype)
-    dst = np.full(400, -1, dtype)
-    doffs = np.array([0, 0, 0, 50, 13, 100, 161, 200, 230, 300, 350], np.int64)
-    run(src, 5, 23, dst, 7, doffs, 3)
-    want = np.full(400, -1, dtype)
-    for r in range(8):
-        for c in range(8):
-            want[7 + doffs[3 + c] + r] = src[5 + r * 23 + c]
-    np.testing.assert_array_equal(dst, want)
 
 
 @st.composite

@@ -6,7 +6,7 @@ multiply-adds. Channels-last kernels have no such cost, since they vectorise
 across channels. Here a task transposes a block of ``_CB`` channels of one image
 into a channels-last tile in L1 (with the padding written as zeros), computes
 there exactly as the channels-last kernels do, and transposes the result back.
-The transposes work on 8 x 8 blocks in vector registers (:func:`_t8`); only the
+The transposes work on 8 x 8 blocks in vector registers (:func:`.simd.transpose8`); only the
 pixels and channels left over from whole 8-blocks go one by one.
 
 Products with the zero padding are not products of the operator; with an Inf
@@ -21,57 +21,15 @@ order, as in the other kernels.
 """
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import njit, prange
 
 from .kernels import UNROLLED, _REDUCE_MATH, _u
 from .planes import _bfil_direct, _bin_direct, _finite_taps, _fwd_direct
+from .simd import transpose8 as _t8
 
 # Channels per tile: eight 8-lane vectors per pixel; a 9 x 9 tile of them is 20 KiB.
 _CB = 64
 CHANNELS = _CB
-
-_I32 = ir.IntType(32)
-_LO = ir.Constant(ir.VectorType(_I32, 8), [0, 8, 1, 9, 2, 10, 3, 11])
-_HI = ir.Constant(ir.VectorType(_I32, 8), [4, 12, 5, 13, 6, 14, 7, 15])
-
-
-@intrinsic
-def _t8(typingctx, src, s0, ss, dst, d0, doffs, di):
-    """Transpose an 8 x 8 block: row r of the block is ``src[s0 + r*ss : +8]``;
-    column c goes to ``dst[d0 + doffs[di + c] : +8]``.
-
-    Eight vector loads, three rounds of interleaving (each round rotates the six
-    bits of an element's (row, column) index by one; three rounds swap row and
-    column) and eight vector stores. The caller guarantees the bounds."""
-    sig = types.void(src, s0, ss, dst, d0, doffs, di)
-
-    def codegen(context, builder, signature, args):
-        srcv, s0v, ssv, dstv, d0v, offv, div = args
-        sary = context.make_array(signature.args[0])(context, builder, srcv)
-        dary = context.make_array(signature.args[3])(context, builder, dstv)
-        oary = context.make_array(signature.args[5])(context, builder, offv)
-        elt = context.get_data_type(signature.args[0].dtype)
-        align = context.get_abi_sizeof(elt)
-        vptr = ir.VectorType(elt, 8).as_pointer()
-        rows = []
-        for r in range(8):
-            off = builder.add(s0v, builder.mul(ssv, ir.Constant(ssv.type, r)))
-            ptr = builder.bitcast(builder.gep(sary.data, [off]), vptr)
-            rows.append(builder.load(ptr, align=align))
-        for _ in range(3):
-            rows = [builder.shuffle_vector(rows[i], rows[i + 4], mask)
-                    for i in range(4) for mask in (_LO, _HI)]
-        for c in range(8):
-            k = builder.add(div, ir.Constant(div.type, c))
-            off = builder.add(d0v, builder.load(builder.gep(oary.data, [k])))
-            ptr = builder.bitcast(builder.gep(dary.data, [off]), vptr)
-            builder.store(rows[c], ptr, align=align)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
 
 @njit(inline="always")
 def _to_tile(src, s0, P, cb, tile, pos):
