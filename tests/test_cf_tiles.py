@@ -9,13 +9,12 @@ and which problems they take. Routing is forced both ways, so that the plane
 kernels keep their own coverage of the same small problems.
 """
 
-import numba
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import numbasep
-from numbasep.backends.cpu import driver, tiles
+from numbasep.backends.cpu import driver
 
 import reference as R
 import support
