@@ -1,8 +1,9 @@
 """The channels-first tile kernels (numbasep/backends/cpu/tiles.py).
 
-They take stride-1 channels-first problems on small maps, transposing blocks of
-64 channels into channels-last tiles with 8 x 8 register transposes (tested in
-test_simd.py). The tests aim at what is theirs: blocks and 8-groups cut at every
+They take channels-first problems on small stride-1 maps, and strided forward
+and filter-gradient problems on mid-sized maps, transposing blocks of channels
+into channels-last tiles with 8 x 8 register transposes (tested in
+test_simd.py). The tests aim at what is theirs: strides, blocks and 8-groups cut at every
 remainder (channels and pixels), dilations and asymmetric paddings inside the
 tile, the generic (not unrolled) windows, non-finite values next to the padding,
 and which problems they take. Routing is forced both ways, so that the plane
@@ -14,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import numbasep
-from numbasep.backends.cpu import driver
+from numbasep.backends.cpu import driver, tiles
 
 import reference as R
 import support
@@ -26,18 +27,24 @@ BF = numbasep.depthwise_conv2d_native_backprop_filter
 
 @pytest.fixture
 def route(monkeypatch):
-    """route(True): every stride-1 problem the plane kernels take goes to the tiles;
-    route(False): none does. Returns the list of routing decisions taken."""
+    """route(True): every problem the plane kernels take goes to the tiles (64
+    channels per tile at stride 1, 16 when strided; strided input gradients stay on
+    the planes); route(False): none does. Returns the routing decisions taken."""
     seen = []
 
     def set_route(on):
         real = driver._by_planes
 
-        def by_tiles(plan):
-            ok = on and real(plan) and plan.strides == (1, 1, 1)
+        def tile_width(plan, adjoint=False):
+            ok = on and real(plan)
+            if plan.strides != (1, 1, 1):
+                ok = ok and not adjoint
+                width = tiles.NARROW
+            else:
+                width = tiles.WIDE
             seen.append(ok)
-            return ok
-        monkeypatch.setattr(driver, "_by_tiles", by_tiles)
+            return width if ok else 0
+        monkeypatch.setattr(driver, "_tile_width", tile_width)
         return seen
     return set_route
 
@@ -47,16 +54,17 @@ def small_problems(draw):
     n = draw(st.integers(1, 2))
     c = draw(st.sampled_from([1, 3, 8, 9, 15, 64, 65, 71, 130]))
     h, w = draw(st.integers(1, 9)), draw(st.integers(1, 9))
+    sh, sw = draw(st.sampled_from([(1, 1), (1, 1), (2, 2), (1, 2), (3, 2)]))
     kh, kw = draw(st.sampled_from([(3, 3), (5, 5), (1, 3), (2, 3), (4, 1), (1, 1)]))
     rh, rw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
     padding = draw(st.sampled_from(["SAME", "VALID", "EXPLICIT"]))
     ep = []
     if padding == "EXPLICIT":
         ep = [0, 0, 0, 0] + draw(st.lists(st.integers(0, 4), min_size=4, max_size=4))
-    attrs = dict(strides=[1, 1, 1, 1], padding=padding, explicit_paddings=ep,
+    attrs = dict(strides=[1, 1, sh, sw], padding=padding, explicit_paddings=ep,
                  data_format="NCHW", dilations=[1, 1, rh, rw])
-    out_h = R.tf_output_and_pad(h, kh, 1, rh, padding, tuple(ep[4:6]) or (0, 0))[0]
-    out_w = R.tf_output_and_pad(w, kw, 1, rw, padding, tuple(ep[6:8]) or (0, 0))[0]
+    out_h = R.tf_output_and_pad(h, kh, sh, rh, padding, tuple(ep[4:6]) or (0, 0))[0]
+    out_w = R.tf_output_and_pad(w, kw, sw, rw, padding, tuple(ep[6:8]) or (0, 0))[0]
     if out_h <= 0 or out_w <= 0:
         attrs.update(padding="SAME", explicit_paddings=[])
     return (n, c, h, w), (kh, kw, c, 1), attrs
@@ -70,7 +78,7 @@ def test_all_three_ops_match_the_reference(route, tiled, problem, dtype):
     seen = route(tiled)
     xs, fs, attrs = problem
     support.assert_three_ops_match_the_reference(xs, fs, attrs, dtype)
-    assert seen and all(s == tiled for s in seen)
+    assert seen and (any(seen) if tiled else not any(seen))
 
 
 @pytest.mark.parametrize("where", ["x", "w", "dy"])
@@ -98,26 +106,32 @@ def test_non_finite_values_propagate_as_in_the_channels_last_kernels(route, wher
     assert True in seen
 
 
-def test_the_tile_kernels_take_small_stride_one_maps_only(monkeypatch):
+def test_which_problems_the_tile_kernels_take(monkeypatch):
     seen = []
-    real = driver._by_tiles
+    real = driver._tile_width
 
-    def spy(plan):
-        ok = real(plan)
-        seen.append(ok)
-        return ok
-    monkeypatch.setattr(driver, "_by_tiles", spy)
+    def spy(plan, adjoint=False):
+        width = real(plan, adjoint)
+        seen.append(width)
+        return width
+    monkeypatch.setattr(driver, "_tile_width", spy)
     w = np.ones((3, 3, 16, 1), np.float32)
-    F(np.ones((2, 16, 7, 7), np.float32), w, [1, 1, 1, 1], "SAME", data_format="NCHW")
-    assert seen == [True]
-    for shape, strides in (((2, 16, 7, 7), [1, 1, 2, 2]),       # strided: planes
-                           ((2, 16, 14, 14), [1, 1, 1, 1])):    # larger map: planes
+
+    def widths(shape, strides, data_format="NCHW"):
         seen.clear()
-        F(np.ones(shape, np.float32), w, strides, "SAME", data_format="NCHW")
-        assert seen == [False]
-    seen.clear()
-    F(np.ones((2, 7, 7, 16), np.float32), w, [1, 1, 1, 1], "SAME")   # NHWC
-    assert seen == [False]
+        x = np.ones(shape, np.float32)
+        y = F(x, w, strides, "SAME", data_format=data_format)
+        BI(list(shape), w, y, strides, "SAME", data_format=data_format)
+        BF(x, list(w.shape), y, strides, "SAME", data_format=data_format)
+        return list(seen)
+
+    wide, narrow = tiles.WIDE, tiles.NARROW
+    assert set(widths((2, 16, 7, 7), [1, 1, 1, 1])) == {wide}           # small map
+    assert set(widths((2, 16, 14, 14), [1, 1, 1, 1])) == {0}            # larger: planes
+    # strided 3x3 on a mid-sized map: forward and filter gradient, not input gradient
+    assert 0 in widths((2, 16, 56, 56), [1, 1, 2, 2]) and narrow in seen
+    assert set(widths((1, 16, 112, 112), [1, 1, 2, 2])) == {0}          # tile past L2
+    assert set(widths((2, 7, 7, 16), [1, 1, 1, 1], "NHWC")) <= {0}     # channels-last
 
 
 def test_filter_gradient_independent_of_thread_count():

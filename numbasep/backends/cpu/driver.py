@@ -133,34 +133,49 @@ def _by_planes(plan):
             and sh * sw * kh * kw <= _PLANE_SCRATCH)
 
 
-# Largest map (pixels, input or output) the tile kernels take, and their largest tile.
+# Largest map (pixels, input or output) the tile kernels take at stride 1, with
+# tiles of 64 channels; largest strided tile (elements; 16 channels): L2-resident.
 _TILE_PIXELS = 64
 _TILE_SCRATCH = 1 << 18
+_STRIDED_TILE = 1 << 16
 
 
-def _by_tiles(plan):
-    """Whether the tile kernels (:mod:`.tiles`) take this problem: what the plane
-    kernels take, at stride 1, on a map of at most ``_TILE_PIXELS`` pixels (7 x 7,
-    8 x 8), where a plane's own costs outweigh its few dozen outputs.
+def _tile_width(plan, adjoint=False):
+    """Channels per tile when the tile kernels (:mod:`.tiles`) take this problem,
+    else 0. They take what the plane kernels take, where measured faster:
 
-    Measured against the plane kernels (1 thread, N=8, float32): 7x7x960 3x3
-    forward 1.21 -> 0.66 ms, input gradient 1.19 -> 0.56, filter gradient 1.28 ->
-    0.66; 7x7x1152 5x5 2.8 -> 1.6, 2.5 -> 1.8, 2.8 -> 2.0. On 14x14 maps and
-    larger, and with 7x7 windows, the plane kernels are as fast or faster."""
-    if not _by_planes(plan) or plan.strides != (1, 1, 1):
-        return False
+    * stride 1 on maps of at most ``_TILE_PIXELS`` pixels (7 x 7, 8 x 8), all three
+      ops, 64 channels per tile: there a plane's own costs outweigh its few dozen
+      outputs. 1 thread, N=8, float32, plane -> tile kernels: 7x7x960 3x3 forward
+      1.21 -> 0.66 ms, input gradient 1.19 -> 0.56, filter gradient 1.28 -> 0.66;
+      7x7x1152 5x5 2.8 -> 1.6, 2.5 -> 1.8, 2.8 -> 2.0. On 14x14 maps and larger the
+      plane kernels are as fast or faster.
+    * strided 3x3 windows (forward and filter gradient; the input gradient's tile
+      form is stride 1 only) whose padded tile of 16 channels stays in L2: 56x56x144
+      s2 forward N=1 0.29 -> 0.21 ms, N=8 4.0 -> 2.5; filter gradient 0.33 -> 0.29,
+      3.4 -> 3.1. On 112x112 maps, and with 5x5 windows, the plane kernels win.
+    """
+    if not _by_planes(plan):
+        return 0
     _, h, w = plan.in_sizes
     _, oh, ow = plan.out_sizes
     _, kh, kw = plan.kernel
+    _, sh, sw = plan.strides
     _, rh, rw = plan.dilations
     _, ph, pw = plan.pads
-    tile = (max(ph + h, oh + (kh - 1) * rh, oh + 2 * (kh - 1) * rh)
-            * max(pw + w, ow + (kw - 1) * rw, ow + 2 * (kw - 1) * rw))
-    return max(h * w, oh * ow) <= _TILE_PIXELS and tile * tiles.CHANNELS <= _TILE_SCRATCH
+    tile = (max(ph + h, (oh - 1) * sh + 2 * (kh - 1) * rh + 1)
+            * max(pw + w, (ow - 1) * sw + 2 * (kw - 1) * rw + 1))
+    if sh == sw == 1:
+        small = max(h * w, oh * ow) <= _TILE_PIXELS
+        return tiles.WIDE if small and tile * tiles.WIDE <= _TILE_SCRATCH else 0
+    if adjoint or kh * kw > 9 or tile * tiles.NARROW > _STRIDED_TILE:
+        return 0
+    return tiles.NARROW
 
 
 def _tile_params(plan, *adjoint):
-    return (plan.dilations[1], plan.dilations[2], plan.pads[1], plan.pads[2]) + adjoint
+    return (plan.strides[1], plan.strides[2], plan.dilations[1], plan.dilations[2],
+            plan.pads[1], plan.pads[2]) + adjoint
 
 
 def _planes(plan, a, sizes, channels):
@@ -233,8 +248,9 @@ class CPUBackend(base.Backend):
 
     # -- depthwise ------------------------------------------------------------------
     def depthwise_forward(self, plan, x, w, out=None, wide=False):
-        if _by_tiles(plan):
-            return _on_planes(tiles.for_plan(plan).correlate, _tile_params(plan, False), plan,
+        if _tile_width(plan):
+            return _on_planes(tiles.for_plan(plan, _tile_width(plan)).correlate,
+                              _tile_params(plan, False), plan,
                               x, plan.in_sizes, w, plan.output_shape, plan.out_sizes, out, wide)
         if _by_planes(plan):
             return _on_planes(planes.forward, _plane_params(plan), plan, x, plan.in_sizes, w,
@@ -252,8 +268,9 @@ class CPUBackend(base.Backend):
         return _finish(plan, buf, final)
 
     def depthwise_backprop_input(self, plan, dy, w, out=None, wide=False):
-        if _by_tiles(plan):
-            return _on_planes(tiles.for_plan(plan).correlate, _tile_params(plan, True), plan,
+        if _tile_width(plan, adjoint=True):
+            return _on_planes(tiles.for_plan(plan, _tile_width(plan, True)).correlate,
+                              _tile_params(plan, True), plan,
                               dy, plan.out_sizes, w, plan.input_shape, plan.in_sizes, out, wide)
         if _by_planes(plan):
             return _on_planes(planes.backprop_input, _plane_params(plan), plan, dy,
@@ -282,8 +299,9 @@ class CPUBackend(base.Backend):
             kh, kw, c = plan.kernel[1], plan.kernel[2], plan.channels
             parts = np.empty((kernels.partial_chunks(plan.batch, kh * kw * c), kh, kw, c),
                              buf.dtype)
-            if _by_tiles(plan):
-                kern, params = tiles.for_plan(plan).backprop_filter, _tile_params(plan)
+            if _tile_width(plan):
+                kern = tiles.for_plan(plan, _tile_width(plan)).backprop_filter
+                params = _tile_params(plan)
             else:
                 kern, params = planes.backprop_filter, _plane_params(plan)
             _launch(kern, _planes(plan, _compute(x), plan.in_sizes, c),

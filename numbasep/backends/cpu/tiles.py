@@ -1,13 +1,14 @@
-"""Channels-first kernels for small maps: each block of channels computed channels-last.
+"""Channels-first kernels that compute each block of channels channels-last.
 
 On a 7x7 map a channels-first plane holds 49 values: whatever a plane kernel does
 per plane (copies, loop set-up, short vector runs) is paid for a few dozen
 multiply-adds. Channels-last kernels have no such cost, since they vectorise
-across channels. Here a task transposes a block of ``_CB`` channels of one image
-into a channels-last tile in L1 (with the padding written as zeros), computes
-there exactly as the channels-last kernels do, and transposes the result back.
-The transposes work on 8 x 8 blocks in vector registers (:func:`.simd.transpose8`); only the
-pixels and channels left over from whole 8-blocks go one by one.
+across channels. Here a task transposes a block of channels of one image
+into a channels-last tile (with the padding written as zeros; in L1 on small
+maps, in L2 on larger strided ones), computes there exactly as the
+channels-last kernels do, and transposes the result back. The transposes work
+on 8 x 8 blocks in vector registers (:func:`.simd.transpose8`); only the pixels
+and channels left over from whole 8-blocks go one by one.
 
 Products with the zero padding are not products of the operator; with an Inf
 or NaN weight they would put NaN where the operator has none. Channels whose
@@ -15,9 +16,10 @@ taps are not all finite (forward, input gradient), and (channel, image) pairs
 whose filter-gradient sums are not finite, are therefore recomputed by the
 direct loops of :mod:`.planes`, which skip the padding.
 
-These kernels take 2-D (and 1-D) problems with depth multiplier 1 and stride 1
-whose maps are small (see the driver); within a sum the taps come in (kh, kw)
-order, as in the other kernels.
+These kernels take 2-D (and 1-D) problems with depth multiplier 1: at stride 1
+on small maps, and the forward and filter gradient of strided 3x3 windows on
+mid-sized maps (the driver's ``_tile_width`` says which, from measurements);
+within a sum the taps come in (kh, kw) order, as in the other kernels.
 """
 
 import numpy as np
@@ -27,9 +29,9 @@ from .kernels import UNROLLED, _REDUCE_MATH, _u
 from .planes import _bfil_direct, _bin_direct, _finite_taps, _fwd_direct
 from .simd import transpose8 as _t8
 
-# Channels per tile: eight 8-lane vectors per pixel; a 9 x 9 tile of them is 20 KiB.
-_CB = 64
-CHANNELS = _CB
+# Channels per tile: on small maps eight 8-lane vectors per pixel (a 9 x 9 tile of
+# them is 20 KiB); on larger, strided maps two, so that the tile stays in L2.
+WIDE, NARROW = 64, 16
 
 @njit(inline="always")
 def _to_tile(src, s0, P, cb, tile, pos):
@@ -48,50 +50,53 @@ def _to_tile(src, s0, P, cb, tile, pos):
 
 
 @njit(inline="always")
-def _from_tile(tile, P, cb, dst, d0, down):
-    """The inverse of :func:`_to_tile` for an unpadded tile (pixel p at ``p*_CB``):
-    ``dst[d0 + c*P + p] = tile[p*_CB + c]``; ``down[c] = c*P`` for c < 8."""
+def _from_tile(tile, P, cb, dst, d0, down, CB):
+    """The inverse of :func:`_to_tile` for an unpadded tile of ``CB`` channels
+    (pixel p at ``p*CB``): ``dst[d0 + c*P + p] = tile[p*CB + c]``; ``down[c] = c*P``
+    for c < 8."""
     g8 = cb // 8 * 8
     p8 = P // 8 * 8
     for g in range(0, g8, 8):
         for p in range(0, p8, 8):
-            _t8(tile, p * _CB + g, _CB, dst, d0 + g * P + p, down, 0)
+            _t8(tile, p * CB + g, CB, dst, d0 + g * P + p, down, 0)
         for c in range(g, g + 8):
             for p in range(p8, P):
-                dst[_u(d0 + c * P + p)] = tile[_u(p * _CB + c)]
+                dst[_u(d0 + c * P + p)] = tile[_u(p * CB + c)]
     for c in range(g8, cb):
         for p in range(P):
-            dst[_u(d0 + c * P + p)] = tile[_u(p * _CB + c)]
+            dst[_u(d0 + c * P + p)] = tile[_u(p * CB + c)]
 
 
 @njit(inline="always")
-def _positions(H, W, WP, r0, q0):
-    """pos[ih*W + iw] = _CB * (tile cell of input (ih, iw)) in a tile of rows WP
+def _positions(H, W, WP, r0, q0, CB):
+    """pos[ih*W + iw] = CB * (tile cell of input (ih, iw)) in a tile of rows WP
     long whose cell (r0, q0) holds input (0, 0); 8 spare entries for _t8."""
     pos = np.zeros(H * W + 8, np.int64)
     for ih in range(H):
         for iw in range(W):
-            pos[ih * W + iw] = ((ih + r0) * WP + iw + q0) * _CB
+            pos[ih * W + iw] = ((ih + r0) * WP + iw + q0) * CB
     return pos
 
 
 @njit(inline="always")
-def _block_taps(wk, c0, cb, KT):
-    """wt[t*_CB + c] = wk[t, c0 + c] (zeros past cb: spare lanes stay finite)."""
-    wt = np.zeros(KT * _CB, wk.dtype)
+def _block_taps(wk, c0, cb, KT, CB):
+    """wt[t*CB + c] = wk[t, c0 + c] (zeros past cb: spare lanes stay finite)."""
+    wt = np.zeros(KT * CB, wk.dtype)
     for t in range(KT):
         for c in range(cb):
-            wt[t * _CB + c] = wk[t, c0 + c]
+            wt[t * CB + c] = wk[t, c0 + c]
     return wt
 
 
-def _build(KH, KW):
-    """The kernels with the window's taps unrolled (KH = 0: generic)."""
+def _build(KH, KW, CB):
+    """The kernels with the window's taps unrolled (KH = 0: generic), on tiles of
+    ``CB`` channels (a multiple of 8)."""
     UNROLL = KH > 0
 
     @njit(parallel=True, nogil=True, cache=True)
-    def correlate(src, w, dst, rh, rw, ph, pw, adjoint):
-        """The forward (``adjoint`` False) or the input gradient (True), stride 1:
+    def correlate(src, w, dst, sh, sw, rh, rw, ph, pw, adjoint):
+        """The forward (``adjoint`` False, any stride) or the input gradient (True,
+        stride 1):
 
         forward, ``src`` = x, ``dst`` = y: y[n, c, oh, ow] = sum over taps of
         x[n, c, oh - ph + kh*rh, ow - pw + kw*rw] * w[kh, kw, c];
@@ -110,49 +115,50 @@ def _build(KH, KW):
             # dy with LA rows and LB columns of zeros on each side; dx (i, j) reads
             # back from tile cell (i + ph + LA, j + pw + LB)
             HP, WP = SH + 2 * LA, SW + 2 * LB
-            r0, q0, br, bq, step = LA, LB, ph + LA, pw + LB, -_CB
+            r0, q0, br, bq, step = LA, LB, ph + LA, pw + LB, -CB
         else:
             # the tile holds every input cell and every cell a window reaches
-            HP, WP = max(ph + SH, DH + LA), max(pw + SW, DW + LB)
-            r0, q0, br, bq, step = ph, pw, 0, 0, _CB
+            HP = max(ph + SH, (DH - 1) * sh + LA + 1)
+            WP = max(pw + SW, (DW - 1) * sw + LB + 1)
+            r0, q0, br, bq, step = ph, pw, 0, 0, CB
         wk = w.reshape(KH_ * KW_, C)
         sf = src.reshape(N * C * SH * SW)
         df = dst.reshape(N * C * DH * DW)
-        nblk = (C + _CB - 1) // _CB
+        nblk = (C + CB - 1) // CB
         for job in prange(N * nblk):
             n, blk = job // nblk, job % nblk
-            c0 = blk * _CB
-            cb = min(_CB, C - c0)
+            c0 = blk * CB
+            cb = min(CB, C - c0)
             cv = (cb + 7) // 8 * 8     # a run time bound: LLVM vectorises, not unrolls
-            pos = _positions(SH, SW, WP, r0, q0)
+            pos = _positions(SH, SW, WP, r0, q0, CB)
             down = np.arange(8) * (DH * DW)
-            st = np.zeros(HP * WP * _CB, src.dtype)
-            dt = np.empty(DH * DW * _CB, src.dtype)
-            wt = _block_taps(wk, c0, cb, KH_ * KW_)
+            st = np.zeros(HP * WP * CB, src.dtype)
+            dt = np.empty(DH * DW * CB, src.dtype)
+            wt = _block_taps(wk, c0, cb, KH_ * KW_, CB)
             _to_tile(sf, (n * C + c0) * SH * SW, SH * SW, cb, st, pos)
             for i in range(DH):
                 for j in range(DW):
-                    o = (i * DW + j) * _CB
-                    b = ((i + br) * WP + j + bq) * _CB
+                    o = (i * DW + j) * CB
+                    b = ((i * sh + br) * WP + j * sw + bq) * CB
                     for c in range(cv):
                         acc = st[_u(b + c)] * wt[_u(c)]
                         for kh in range(KH_):
                             for kw in range(KW_):
                                 if kh + kw > 0:
                                     acc += (st[_u(b + (kh * rh * WP + kw * rw) * step + c)]
-                                            * wt[_u((kh * KW_ + kw) * _CB + c)])
+                                            * wt[_u((kh * KW_ + kw) * CB + c)])
                         dt[_u(o + c)] = acc
-            _from_tile(dt, DH * DW, cb, df, (n * C + c0) * DH * DW, down)
+            _from_tile(dt, DH * DW, cb, df, (n * C + c0) * DH * DW, down, CB)
             for c in range(c0, c0 + cb):
                 if _finite_taps(w, c):
                     continue
                 if adjoint:
                     _bin_direct(src[n, c], w, dst[n, c], c, 1, 1, rh, rw, ph, pw)
                 else:
-                    _fwd_direct(src[n, c], w, dst[n, c], c, 1, 1, rh, rw, ph, pw)
+                    _fwd_direct(src[n, c], w, dst[n, c], c, sh, sw, rh, rw, ph, pw)
 
     @njit(parallel=True, nogil=True, cache=True, fastmath=_REDUCE_MATH)
-    def backprop_filter(x, dy, parts, rh, rw, ph, pw):
+    def backprop_filter(x, dy, parts, sh, sw, rh, rw, ph, pw):
         """parts[p, kh, kw, c] = the filter gradient of channel c over the images of
         chunk p (stride 1). Chunks depend on the problem only; each task sums its
         chunk's images in order, so the result does not depend on the thread count."""
@@ -162,22 +168,22 @@ def _build(KH, KW):
             KH_, KW_ = KH, KW
         OH, OW = dy.shape[2], dy.shape[3]
         KT = KH_ * KW_
-        HP = max(ph + H, OH + (KH_ - 1) * rh)
-        WP = max(pw + W, OW + (KW_ - 1) * rw)
+        HP = max(ph + H, (OH - 1) * sh + (KH_ - 1) * rh + 1)
+        WP = max(pw + W, (OW - 1) * sw + (KW_ - 1) * rw + 1)
         xf = x.reshape(N * C * H * W)
         dyf = dy.reshape(N * C * OH * OW)
-        nblk = (C + _CB - 1) // _CB
+        nblk = (C + CB - 1) // CB
         for job in prange(P * nblk):
             p, blk = job // nblk, job % nblk
-            c0 = blk * _CB
-            cb = min(_CB, C - c0)
+            c0 = blk * CB
+            cb = min(CB, C - c0)
             cv = (cb + 7) // 8 * 8     # a run time bound: LLVM vectorises, not unrolls
-            pos = _positions(H, W, WP, ph, pw)
-            flat = np.arange(OH * OW + 8) * _CB
-            xt = np.zeros(HP * WP * _CB, x.dtype)
-            gt = np.zeros(OH * OW * _CB, x.dtype)
-            one = np.empty(KT * _CB, x.dtype)
-            acc = np.zeros(KT * _CB, x.dtype)
+            pos = _positions(H, W, WP, ph, pw, CB)
+            flat = np.arange(OH * OW + 8) * CB
+            xt = np.zeros(HP * WP * CB, x.dtype)
+            gt = np.zeros(OH * OW * CB, x.dtype)
+            one = np.empty(KT * CB, x.dtype)
+            acc = np.zeros(KT * CB, x.dtype)
             direct = np.empty(KT, x.dtype)
             for n in range(p * N // P, (p + 1) * N // P):
                 _to_tile(xf, (n * C + c0) * H * W, H * W, cb, xt, pos)
@@ -185,12 +191,12 @@ def _build(KH, KW):
                 one[:] = 0
                 for oh in range(OH):
                     for ow in range(OW):
-                        o = (oh * OW + ow) * _CB
-                        b = (oh * WP + ow) * _CB
+                        o = (oh * OW + ow) * CB
+                        b = (oh * sh * WP + ow * sw) * CB
                         for kh in range(KH_):
                             for kw in range(KW_):
-                                t = (kh * KW_ + kw) * _CB
-                                s = b + (kh * rh * WP + kw * rw) * _CB
+                                t = (kh * KW_ + kw) * CB
+                                s = b + (kh * rh * WP + kw * rw) * CB
                                 for c in range(cv):
                                     one[_u(t + c)] += xt[_u(s + c)] * gt[_u(o + c)]
                 # finite operands give finite sums (padding products are exact
@@ -198,40 +204,45 @@ def _build(KH, KW):
                 for c in range(cb):
                     check = one[c] * 0
                     for t in range(KT):
-                        check += one[t * _CB + c] * 0
+                        check += one[t * CB + c] * 0
                     if check == 0:
                         for t in range(KT):
-                            acc[t * _CB + c] += one[t * _CB + c]
+                            acc[t * CB + c] += one[t * CB + c]
                     else:
                         direct[:] = 0
                         _bfil_direct(x[n, c0 + c], dy[n, c0 + c], direct, KH_, KW_,
-                                     1, 1, rh, rw, ph, pw)
+                                     sh, sw, rh, rw, ph, pw)
                         for t in range(KT):
-                            acc[t * _CB + c] += direct[t]
+                            acc[t * CB + c] += direct[t]
             for kh in range(KH_):
                 for kw in range(KW_):
                     for c in range(cb):
-                        parts[p, kh, kw, c0 + c] = acc[(kh * KW_ + kw) * _CB + c]
+                        parts[p, kh, kw, c0 + c] = acc[(kh * KW_ + kw) * CB + c]
 
     return correlate, backprop_filter
 
 
 class TileKernels:
-    """The tile kernels for one unrolled window shape (or the generic ones):
-    ``correlate`` (forward and input gradient) and ``backprop_filter``."""
+    """The tile kernels for one unrolled window shape (or the generic ones) and
+    one tile width: ``correlate`` (forward and input gradient) and
+    ``backprop_filter``."""
 
-    def __init__(self, KH, KW):
-        self.correlate, self.backprop_filter = _build(KH, KW)
+    def __init__(self, KH, KW, CB):
+        self.correlate, self.backprop_filter = _build(KH, KW, CB)
 
 
 _sets = {}
 
 
-def for_plan(plan):
-    """The tile kernels serving ``plan``: unrolled when its window shape has a set."""
-    key = (plan.kernel[1], plan.kernel[2])
-    if key not in UNROLLED:
-        key = (0, 0)
+def kernels(KH, KW, CB):
+    """The tile kernels for a KH x KW window (unrolled when it has a set) on tiles of
+    ``CB`` channels."""
+    key = (KH, KW, CB) if (KH, KW) in UNROLLED else (0, 0, CB)
     if key not in _sets:
         _sets[key] = TileKernels(*key)
     return _sets[key]
+
+
+def for_plan(plan, CB):
+    """The tile kernels serving ``plan`` with tiles of ``CB`` channels."""
+    return kernels(plan.kernel[1], plan.kernel[2], CB)
