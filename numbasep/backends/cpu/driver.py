@@ -2,7 +2,8 @@
 
 Kernels run on float32 or float64 arrays. float16 and bfloat16 arguments are
 widened to float32 here and results rounded back once, into the caller's dtype,
-so every sum is kept in float32 whatever the storage format.
+so every sum is kept in float32 whatever the storage format (:mod:`.halves`
+converts, in parallel kernels).
 """
 
 import threading
@@ -12,7 +13,7 @@ import numpy as np
 
 from .. import base
 from ... import dtypes
-from . import kernels, planes, tiles
+from . import halves, kernels, planes, tiles
 
 
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
@@ -32,7 +33,7 @@ def _compute(a):
     """
     dt = a.dtype
     if dt != _F32 and dt != _F64:
-        a = np.ascontiguousarray(a, np.float32)
+        a = halves.widen(np.ascontiguousarray(a))
     elif not a.flags.c_contiguous:
         a = np.ascontiguousarray(a)
     if a.flags.writeable:
@@ -59,9 +60,12 @@ def _result(plan, shape, out, wide):
 
 def _finish(plan, buf, final):
     if final is None:
-        return buf.astype(plan.dtype)
+        return halves.narrow_into(buf, np.empty(buf.shape, plan.dtype))
     if final is not buf:
-        final[...] = buf
+        if final.dtype.itemsize == 2 and final.flags.c_contiguous and buf.dtype == _F32:
+            halves.narrow_into(buf, final)
+        else:
+            final[...] = buf
     return final
 
 
