@@ -72,3 +72,21 @@ def assert_three_ops_match_the_reference(xs, fs, attrs, dtype):
                        R.raw_backprop_filter(x64, list(fs), dy64, **attrs))):
         scale = 1.0 + np.abs(want).max(initial=0.0)
         np.testing.assert_allclose(got, want, rtol=0, atol=tol * scale * max(fs[0] * fs[1], 1))
+
+
+def draw_padding(draw, h, w, kh, kw, sh, sw, rh, rw):
+    """Draw a raw-op padding (SAME, VALID or EXPLICIT with pads 0-4) for an NCHW
+    problem and return its attributes; SAME where the drawn one leaves no output."""
+    import reference as R
+    from hypothesis import strategies as st
+    padding = draw(st.sampled_from(["SAME", "VALID", "EXPLICIT"]))
+    ep = []
+    if padding == "EXPLICIT":
+        ep = [0, 0, 0, 0] + draw(st.lists(st.integers(0, 4), min_size=4, max_size=4))
+    attrs = dict(strides=[1, 1, sh, sw], padding=padding, explicit_paddings=ep,
+                 data_format="NCHW", dilations=[1, 1, rh, rw])
+    out_h = R.tf_output_and_pad(h, kh, sh, rh, padding, tuple(ep[4:6]) or (0, 0))[0]
+    out_w = R.tf_output_and_pad(w, kw, sw, rw, padding, tuple(ep[6:8]) or (0, 0))[0]
+    if out_h <= 0 or out_w <= 0:
+        attrs.update(padding="SAME", explicit_paddings=[])
+    return attrs

@@ -30,17 +30,7 @@ def problems(draw):
     kh, kw = draw(st.integers(1, 5)), draw(st.integers(1, 5))
     sh, sw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
     rh, rw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
-    padding = draw(st.sampled_from(["SAME", "VALID", "EXPLICIT"]))
-    ep = []
-    if padding == "EXPLICIT":
-        ep = [0, 0, 0, 0] + draw(st.lists(st.integers(0, 4), min_size=4, max_size=4))
-    attrs = dict(strides=[1, 1, sh, sw], padding=padding, explicit_paddings=ep,
-                 data_format="NCHW", dilations=[1, 1, rh, rw])
-    out_h = R.tf_output_and_pad(h, kh, sh, rh, padding, tuple(ep[4:6]) or (0, 0))[0]
-    out_w = R.tf_output_and_pad(w, kw, sw, rw, padding, tuple(ep[6:8]) or (0, 0))[0]
-    if out_h <= 0 or out_w <= 0:
-        padding = "SAME"
-        attrs.update(padding="SAME", explicit_paddings=[])
+    attrs = support.draw_padding(draw, h, w, kh, kw, sh, sw, rh, rw)
     return (n, c, h, w), (kh, kw, c, 1), attrs
 
 

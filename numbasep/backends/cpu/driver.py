@@ -146,7 +146,8 @@ _STRIDED_TILE = 1 << 16
 
 def _tile_width(plan, adjoint=False):
     """Channels per tile when the tile kernels (:mod:`.tiles`) take this problem,
-    else 0. They take what the plane kernels take, where measured faster:
+    else 0. They take what the plane kernels take, for the window shapes they are
+    built for, where measured faster:
 
     * stride 1 on maps of at most ``_TILE_PIXELS`` pixels (7 x 7, 8 x 8), all three
       ops, 64 channels per tile: there a plane's own costs outweigh its few dozen
@@ -159,7 +160,7 @@ def _tile_width(plan, adjoint=False):
       s2 forward N=1 0.29 -> 0.21 ms, N=8 4.0 -> 2.5; filter gradient 0.33 -> 0.29,
       3.4 -> 3.1. On 112x112 maps, and with 5x5 windows, the plane kernels win.
     """
-    if not _by_planes(plan):
+    if not _by_planes(plan) or plan.kernel[1:] not in tiles.WINDOWS:
         return 0
     _, h, w = plan.in_sizes
     _, oh, ow = plan.out_sizes

@@ -26,6 +26,9 @@ import numpy as np
 from numba import njit, prange
 
 from .kernels import UNROLLED, _REDUCE_MATH, _u
+
+#: Window shapes the tile kernels are built for (the unrolled ones of the row kernels).
+WINDOWS = UNROLLED
 from .planes import _bfil_direct, _bin_direct, _finite_taps, _fwd_direct
 from .simd import transpose8 as _t8
 
@@ -89,9 +92,10 @@ def _block_taps(wk, c0, cb, KT, CB):
 
 
 def _build(KH, KW, CB):
-    """The kernels with the window's taps unrolled (KH = 0: generic), on tiles of
-    ``CB`` channels (a multiple of 8)."""
-    UNROLL = KH > 0
+    """The kernels for a KH x KW window, its taps unrolled, on tiles of ``CB``
+    channels (a multiple of 8). Without unrolling the forward's taps are summed
+    through memory, ten times slower: there are no generic tile kernels, and the
+    driver routes only the windows of ``WINDOWS`` here."""
 
     @njit(parallel=True, nogil=True, cache=True)
     def correlate(src, w, dst, sh, sw, rh, rw, ph, pw, adjoint):
@@ -107,9 +111,7 @@ def _build(KH, KW, CB):
         """
         N, C, SH, SW = src.shape
         DH, DW = dst.shape[2], dst.shape[3]
-        KH_, KW_ = w.shape[0], w.shape[1]
-        if UNROLL:
-            KH_, KW_ = KH, KW
+        KH_, KW_ = KH, KW           # compile-time constants: the tap loops unroll
         LA, LB = (KH_ - 1) * rh, (KW_ - 1) * rw
         if adjoint:
             # dy with LA rows and LB columns of zeros on each side; dx (i, j) reads
@@ -163,9 +165,7 @@ def _build(KH, KW, CB):
         chunk p (stride 1). Chunks depend on the problem only; each task sums its
         chunk's images in order, so the result does not depend on the thread count."""
         N, C, H, W = x.shape
-        P, KH_, KW_ = parts.shape[0], parts.shape[1], parts.shape[2]
-        if UNROLL:
-            KH_, KW_ = KH, KW
+        P, KH_, KW_ = parts.shape[0], KH, KW
         OH, OW = dy.shape[2], dy.shape[3]
         KT = KH_ * KW_
         HP = max(ph + H, (OH - 1) * sh + (KH_ - 1) * rh + 1)
@@ -223,8 +223,7 @@ def _build(KH, KW, CB):
 
 
 class TileKernels:
-    """The tile kernels for one unrolled window shape (or the generic ones) and
-    one tile width: ``correlate`` (forward and input gradient) and
+    """The tile kernels for one window shape and one tile width: ``correlate`` (forward and input gradient) and
     ``backprop_filter``."""
 
     def __init__(self, KH, KW, CB):
@@ -235,9 +234,8 @@ _sets = {}
 
 
 def kernels(KH, KW, CB):
-    """The tile kernels for a KH x KW window (unrolled when it has a set) on tiles of
-    ``CB`` channels."""
-    key = (KH, KW, CB) if (KH, KW) in UNROLLED else (0, 0, CB)
+    """The tile kernels for a KH x KW window of ``WINDOWS`` on tiles of ``CB`` channels."""
+    key = (KH, KW, CB)
     if key not in _sets:
         _sets[key] = TileKernels(*key)
     return _sets[key]
