@@ -1,10 +1,10 @@
 """The channels-first tile kernels (numbasep/backends/cpu/tiles.py).
 
 They take channels-first problems on small stride-1 maps, and strided forward
-and filter-gradient problems on mid-sized maps, transposing blocks of channels
+and filter-gradient problems (larger maps in bands of output rows), transposing blocks of channels
 into channels-last tiles with 8 x 8 register transposes (tested in
 test_simd.py). The tests aim at what is theirs: strides, blocks and 8-groups cut at every
-remainder (channels and pixels), dilations and asymmetric paddings inside the
+remainder (channels and pixels), bands of one and several rows, dilations and asymmetric paddings inside the
 tile, the generic (not unrolled) windows, non-finite values next to the padding,
 and which problems they take. Routing is forced both ways, so that the plane
 kernels keep their own coverage of the same small problems.
@@ -65,8 +65,12 @@ def small_problems(draw):
 @pytest.mark.parametrize("tiled", [True, False], ids=["tiles", "planes"])
 @settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(problem=small_problems(), dtype=st.sampled_from([np.float32, np.float64]))
-def test_all_three_ops_match_the_reference(route, tiled, problem, dtype):
+@given(problem=small_problems(), dtype=st.sampled_from([np.float32, np.float64]),
+       band=st.sampled_from([1, 700, 1 << 15]))
+def test_all_three_ops_match_the_reference(route, monkeypatch, tiled, problem, dtype, band):
+    """``band``: tile elements per band; 1 and 700 cut these small maps into bands of
+    one or a few output rows."""
+    monkeypatch.setattr(driver, "_TILE_BAND", band)
     seen = route(tiled)
     seen.clear()                       # the fixture's list outlives one example
     xs, fs, attrs = problem
@@ -123,7 +127,7 @@ def test_which_problems_the_tile_kernels_take(monkeypatch):
     assert set(widths((2, 16, 14, 14), [1, 1, 1, 1])) == {0}            # larger: planes
     # strided 3x3 on a mid-sized map: forward and filter gradient, not input gradient
     assert 0 in widths((2, 16, 56, 56), [1, 1, 2, 2]) and narrow in seen
-    assert set(widths((1, 16, 112, 112), [1, 1, 2, 2])) == {0}          # tile past L2
+    assert set(widths((1, 16, 112, 112), [1, 1, 2, 2])) == {narrow, 0}  # in bands
     assert set(widths((2, 7, 7, 16), [1, 1, 1, 1], "NHWC")) <= {0}     # channels-last
     w = np.ones((2, 3, 16, 1), np.float32)                              # no 2x3 tile kernels
     assert set(widths((2, 16, 7, 7), [1, 1, 1, 1])) == {0}

@@ -138,10 +138,13 @@ def _by_planes(plan):
 
 
 # Largest map (pixels, input or output) the tile kernels take at stride 1, with
-# tiles of 64 channels; largest strided tile (elements; 16 channels): L2-resident.
+# tiles of 64 channels; largest tile or band of a tile (elements) a task holds.
 _TILE_PIXELS = 64
 _TILE_SCRATCH = 1 << 18
-_STRIDED_TILE = 1 << 16
+
+# Largest tile (elements) a tile task fills at once: a larger map is taken in bands
+# of output rows whose tiles stay in L2 (128 KiB of float32).
+_TILE_BAND = 1 << 15
 
 
 def _tile_width(plan, adjoint=False):
@@ -156,9 +159,11 @@ def _tile_width(plan, adjoint=False):
       7x7x1152 5x5 2.8 -> 1.6, 2.5 -> 1.8, 2.8 -> 2.0. On 14x14 maps and larger the
       plane kernels are as fast or faster.
     * strided 3x3 windows (forward and filter gradient; the input gradient's tile
-      form is stride 1 only) whose padded tile of 16 channels stays in L2: 56x56x144
-      s2 forward N=1 0.29 -> 0.21 ms, N=8 4.0 -> 2.5; filter gradient 0.33 -> 0.29,
-      3.4 -> 3.1. On 112x112 maps, and with 5x5 windows, the plane kernels win.
+      form is stride 1 only), 16 channels per tile, in bands of ``_TILE_BAND``
+      elements: 56x56x144 s2 forward N=1 0.29 -> 0.21 ms, N=8 4.0 -> 2.5; filter
+      gradient N=8 3.0 -> 2.0; 112x112x96 s2 filter gradient N=8 7.7 -> 5.8, forward
+      6.4 -> 6.1 (medians of 3 interleaved rounds; this machine's noise is +-20 %).
+      With 5x5 windows the plane kernels win.
     """
     if not _by_planes(plan) or plan.kernel[1:] not in tiles.WINDOWS:
         return 0
@@ -168,19 +173,20 @@ def _tile_width(plan, adjoint=False):
     _, sh, sw = plan.strides
     _, rh, rw = plan.dilations
     _, ph, pw = plan.pads
-    tile = (max(ph + h, (oh - 1) * sh + 2 * (kh - 1) * rh + 1)
-            * max(pw + w, (ow - 1) * sw + 2 * (kw - 1) * rw + 1))
+    wp = max(pw + w, (ow - 1) * sw + 2 * (kw - 1) * rw + 1)
     if sh == sw == 1:
+        tile = max(ph + h, oh + 2 * (kh - 1) * rh) * wp
         small = max(h * w, oh * ow) <= _TILE_PIXELS
         return tiles.WIDE if small and tile * tiles.WIDE <= _TILE_SCRATCH else 0
-    if adjoint or kh * kw > 9 or tile * tiles.NARROW > _STRIDED_TILE:
+    smallest_band = ((kh - 1) * rh + 1 + sh) * wp * tiles.NARROW
+    if adjoint or kh * kw > 9 or smallest_band > _TILE_SCRATCH:
         return 0
     return tiles.NARROW
 
 
 def _tile_params(plan, *adjoint):
     return (plan.strides[1], plan.strides[2], plan.dilations[1], plan.dilations[2],
-            plan.pads[1], plan.pads[2]) + adjoint
+            plan.pads[1], plan.pads[2]) + adjoint + (_TILE_BAND,)
 
 
 def _planes(plan, a, sizes, channels):

@@ -30,6 +30,7 @@ from .kernels import UNROLLED, _REDUCE_MATH, _u
 #: Window shapes the tile kernels are built for (the unrolled ones of the row kernels).
 WINDOWS = UNROLLED
 from .planes import _bfil_direct, _bin_direct, _finite_taps, _fwd_direct
+from .simd import taps_dot8 as _taps_dot8
 from .simd import transpose8 as _t8
 
 # Channels per tile: on small maps eight 8-lane vectors per pixel (a 9 x 9 tile of
@@ -37,37 +38,56 @@ from .simd import transpose8 as _t8
 WIDE, NARROW = 64, 16
 
 @njit(inline="always")
-def _to_tile(src, s0, P, cb, tile, pos):
-    """``cb`` channels of P pixels, ``src[s0 + c*P + p]``, into ``tile[pos[p] + c]``."""
+def _to_tile(src, s0, cs, P, cb, tile, t0, pos, p0):
+    """``cb`` channels of P pixels, ``src[s0 + c*cs + p]``, into
+    ``tile[t0 + pos[p0 + p] + c]``."""
     g8 = cb // 8 * 8
     p8 = P // 8 * 8
     for g in range(0, g8, 8):
         for p in range(0, p8, 8):
-            _t8(src, s0 + g * P + p, P, tile, g, pos, p)
+            _t8(src, s0 + g * cs + p, cs, tile, t0 + g, pos, p0 + p)
         for c in range(g, g + 8):
             for p in range(p8, P):
-                tile[_u(pos[p] + c)] = src[_u(s0 + c * P + p)]
+                tile[_u(t0 + pos[p0 + p] + c)] = src[_u(s0 + c * cs + p)]
     for c in range(g8, cb):
         for p in range(P):
-            tile[_u(pos[p] + c)] = src[_u(s0 + c * P + p)]
+            tile[_u(t0 + pos[p0 + p] + c)] = src[_u(s0 + c * cs + p)]
 
 
 @njit(inline="always")
-def _from_tile(tile, P, cb, dst, d0, down, CB):
+def _from_tile(tile, P, cb, dst, d0, cs, down, CB):
     """The inverse of :func:`_to_tile` for an unpadded tile of ``CB`` channels
-    (pixel p at ``p*CB``): ``dst[d0 + c*P + p] = tile[p*CB + c]``; ``down[c] = c*P``
+    (pixel p at ``p*CB``): ``dst[d0 + c*cs + p] = tile[p*CB + c]``; ``down[c] = c*cs``
     for c < 8."""
     g8 = cb // 8 * 8
     p8 = P // 8 * 8
     for g in range(0, g8, 8):
         for p in range(0, p8, 8):
-            _t8(tile, p * CB + g, CB, dst, d0 + g * P + p, down, 0)
+            _t8(tile, p * CB + g, CB, dst, d0 + g * cs + p, down, 0)
         for c in range(g, g + 8):
             for p in range(p8, P):
-                dst[_u(d0 + c * P + p)] = tile[_u(p * CB + c)]
+                dst[_u(d0 + c * cs + p)] = tile[_u(p * CB + c)]
     for c in range(g8, cb):
         for p in range(P):
-            dst[_u(d0 + c * P + p)] = tile[_u(p * CB + c)]
+            dst[_u(d0 + c * cs + p)] = tile[_u(p * CB + c)]
+
+
+@njit(inline="always")
+def _band_rows(band, WP, LA, s, CB):
+    """Output rows per band: as many as keep a band's tile (rows ``(rows-1)*s + LA + 1``
+    of ``WP`` cells) within ``band`` elements, at least one."""
+    return max(1, (band // (WP * CB) - LA - 1) // s + 1)
+
+
+@njit(inline="always")
+def _fill_band(sf, s0, SH, SW, lo, hi, r0, cb, tile, WP, CB, pos):
+    """Tile rows [lo, hi) (tile row r holds source row r - r0; rows outside the
+    source and the padding columns zero) of one block's channels from plane ``s0``."""
+    tile[:(hi - lo) * WP * CB] = 0
+    a0, a1 = max(0, lo - r0), min(SH, hi - r0)
+    if a1 > a0:
+        _to_tile(sf, s0 + a0 * SW, SH * SW, (a1 - a0) * SW, cb, tile, -lo * WP * CB, pos,
+                 a0 * SW)
 
 
 @njit(inline="always")
@@ -96,9 +116,10 @@ def _build(KH, KW, CB):
     channels (a multiple of 8). Without unrolling the forward's taps are summed
     through memory, ten times slower: there are no generic tile kernels, and the
     driver routes only the windows of ``WINDOWS`` here."""
+    TAPS = KH * KW      # a compile-time constant for the register intrinsic
 
     @njit(parallel=True, nogil=True, cache=True)
-    def correlate(src, w, dst, sh, sw, rh, rw, ph, pw, adjoint):
+    def correlate(src, w, dst, sh, sw, rh, rw, ph, pw, adjoint, band):
         """The forward (``adjoint`` False, any stride) or the input gradient (True,
         stride 1):
 
@@ -116,16 +137,17 @@ def _build(KH, KW, CB):
         if adjoint:
             # dy with LA rows and LB columns of zeros on each side; dx (i, j) reads
             # back from tile cell (i + ph + LA, j + pw + LB)
-            HP, WP = SH + 2 * LA, SW + 2 * LB
+            WP = SW + 2 * LB
             r0, q0, br, bq, step = LA, LB, ph + LA, pw + LB, -CB
         else:
             # the tile holds every input cell and every cell a window reaches
-            HP = max(ph + SH, (DH - 1) * sh + LA + 1)
             WP = max(pw + SW, (DW - 1) * sw + LB + 1)
             r0, q0, br, bq, step = ph, pw, 0, 0, CB
         wk = w.reshape(KH_ * KW_, C)
         sf = src.reshape(N * C * SH * SW)
         df = dst.reshape(N * C * DH * DW)
+        lead = LA if adjoint else 0        # band rows read above the first output row
+        BR = min(DH, _band_rows(band, WP, LA, sh, CB))
         nblk = (C + CB - 1) // CB
         for job in prange(N * nblk):
             n, blk = job // nblk, job % nblk
@@ -134,23 +156,28 @@ def _build(KH, KW, CB):
             cv = (cb + 7) // 8 * 8     # a run time bound: LLVM vectorises, not unrolls
             pos = _positions(SH, SW, WP, r0, q0, CB)
             down = np.arange(8) * (DH * DW)
-            st = np.zeros(HP * WP * CB, src.dtype)
-            dt = np.empty(DH * DW * CB, src.dtype)
+            st = np.empty(((BR - 1) * sh + LA + 1) * WP * CB, src.dtype)
+            dt = np.empty(BR * DW * CB, src.dtype)
             wt = _block_taps(wk, c0, cb, KH_ * KW_, CB)
-            _to_tile(sf, (n * C + c0) * SH * SW, SH * SW, cb, st, pos)
-            for i in range(DH):
-                for j in range(DW):
-                    o = (i * DW + j) * CB
-                    b = ((i * sh + br) * WP + j * sw + bq) * CB
-                    for c in range(cv):
-                        acc = st[_u(b + c)] * wt[_u(c)]
-                        for kh in range(KH_):
-                            for kw in range(KW_):
-                                if kh + kw > 0:
-                                    acc += (st[_u(b + (kh * rh * WP + kw * rw) * step + c)]
-                                            * wt[_u((kh * KW_ + kw) * CB + c)])
-                        dt[_u(o + c)] = acc
-            _from_tile(dt, DH * DW, cb, df, (n * C + c0) * DH * DW, down, CB)
+            for i0 in range(0, DH, BR):
+                i1 = min(DH, i0 + BR)
+                lo = i0 * sh + br - lead
+                _fill_band(sf, (n * C + c0) * SH * SW, SH, SW, lo,
+                           lo + (i1 - i0 - 1) * sh + LA + 1, r0, cb, st, WP, CB, pos)
+                for i in range(i0, i1):
+                    for j in range(DW):
+                        o = ((i - i0) * DW + j) * CB
+                        b = ((i * sh + br - lo) * WP + j * sw + bq) * CB
+                        for c in range(cv):
+                            acc = st[_u(b + c)] * wt[_u(c)]
+                            for kh in range(KH_):
+                                for kw in range(KW_):
+                                    if kh + kw > 0:
+                                        acc += (st[_u(b + (kh * rh * WP + kw * rw) * step + c)]
+                                                * wt[_u((kh * KW_ + kw) * CB + c)])
+                            dt[_u(o + c)] = acc
+                _from_tile(dt, (i1 - i0) * DW, cb, df, (n * C + c0) * DH * DW + i0 * DW,
+                           DH * DW, down, CB)
             for c in range(c0, c0 + cb):
                 if _finite_taps(w, c):
                     continue
@@ -160,7 +187,7 @@ def _build(KH, KW, CB):
                     _fwd_direct(src[n, c], w, dst[n, c], c, sh, sw, rh, rw, ph, pw)
 
     @njit(parallel=True, nogil=True, cache=True, fastmath=_REDUCE_MATH)
-    def backprop_filter(x, dy, parts, sh, sw, rh, rw, ph, pw):
+    def backprop_filter(x, dy, parts, sh, sw, rh, rw, ph, pw, band):
         """parts[p, kh, kw, c] = the filter gradient of channel c over the images of
         chunk p (stride 1). Chunks depend on the problem only; each task sums its
         chunk's images in order, so the result does not depend on the thread count."""
@@ -168,8 +195,9 @@ def _build(KH, KW, CB):
         P, KH_, KW_ = parts.shape[0], KH, KW
         OH, OW = dy.shape[2], dy.shape[3]
         KT = KH_ * KW_
-        HP = max(ph + H, (OH - 1) * sh + (KH_ - 1) * rh + 1)
+        LA = (KH_ - 1) * rh
         WP = max(pw + W, (OW - 1) * sw + (KW_ - 1) * rw + 1)
+        BR = min(OH, _band_rows(band, WP, LA, sh, CB))
         xf = x.reshape(N * C * H * W)
         dyf = dy.reshape(N * C * OH * OW)
         nblk = (C + CB - 1) // CB
@@ -177,28 +205,31 @@ def _build(KH, KW, CB):
             p, blk = job // nblk, job % nblk
             c0 = blk * CB
             cb = min(CB, C - c0)
-            cv = (cb + 7) // 8 * 8     # a run time bound: LLVM vectorises, not unrolls
+            cv = (cb + 7) // 8 * 8
             pos = _positions(H, W, WP, ph, pw, CB)
             flat = np.arange(OH * OW + 8) * CB
-            xt = np.zeros(HP * WP * CB, x.dtype)
-            gt = np.zeros(OH * OW * CB, x.dtype)
+            xt = np.empty(((BR - 1) * sh + LA + 1) * WP * CB, x.dtype)
+            gt = np.zeros(BR * OW * CB, x.dtype)
             one = np.empty(KT * CB, x.dtype)
             acc = np.zeros(KT * CB, x.dtype)
             direct = np.empty(KT, x.dtype)
+            toffs = np.empty(KT, np.int64)
+            for kh in range(KH_):
+                for kw in range(KW_):
+                    toffs[kh * KW_ + kw] = (kh * rh * WP + kw * rw) * CB
             for n in range(p * N // P, (p + 1) * N // P):
-                _to_tile(xf, (n * C + c0) * H * W, H * W, cb, xt, pos)
-                _to_tile(dyf, (n * C + c0) * OH * OW, OH * OW, cb, gt, flat)
                 one[:] = 0
-                for oh in range(OH):
-                    for ow in range(OW):
-                        o = (oh * OW + ow) * CB
-                        b = (oh * sh * WP + ow * sw) * CB
-                        for kh in range(KH_):
-                            for kw in range(KW_):
-                                t = (kh * KW_ + kw) * CB
-                                s = b + (kh * rh * WP + kw * rw) * CB
-                                for c in range(cv):
-                                    one[_u(t + c)] += xt[_u(s + c)] * gt[_u(o + c)]
+                for o0 in range(0, OH, BR):
+                    o1 = min(OH, o0 + BR)
+                    lo = o0 * sh
+                    _fill_band(xf, (n * C + c0) * H * W, H, W, lo,
+                               lo + (o1 - o0 - 1) * sh + LA + 1, ph, cb, xt, WP, CB, pos)
+                    _to_tile(dyf, (n * C + c0) * OH * OW + o0 * OW, OH * OW, (o1 - o0) * OW,
+                             cb, gt, 0, flat, 0)
+                    for oh in range(o0, o1):
+                        for g in range(0, cv, 8):
+                            _taps_dot8(one, g, CB, xt, (oh - o0) * sh * WP * CB + g, sw * CB,
+                                       toffs, gt, (oh - o0) * OW * CB + g, CB, OW, TAPS)
                 # finite operands give finite sums (padding products are exact
                 # zeros); otherwise the padding must not count: direct loop
                 for c in range(cb):
