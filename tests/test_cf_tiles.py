@@ -1,13 +1,14 @@
 """The channels-first tile kernels (numbasep/backends/cpu/tiles.py).
 
-They take channels-first problems on small stride-1 maps, and strided forward
-and filter-gradient problems (larger maps in bands of output rows), transposing blocks of channels
-into channels-last tiles with 8 x 8 register transposes (tested in
-test_simd.py). The tests aim at what is theirs: strides, blocks and 8-groups cut at every
-remainder (channels and pixels), bands of one and several rows, dilations and asymmetric paddings inside the
-tile, the generic (not unrolled) windows, non-finite values next to the padding,
-and which problems they take. Routing is forced both ways, so that the plane
-kernels keep their own coverage of the same small problems.
+They take channels-first problems on stride-1 maps up to 19 x 19, and strided
+forward and filter-gradient problems (larger maps in bands of output rows),
+transposing blocks of channels into channels-last tiles with 8 x 8 register
+transposes (tested in test_simd.py). The tests aim at what is theirs: strides,
+blocks and 8-groups cut at every remainder (channels and pixels), bands of one
+and several rows, dilations and asymmetric paddings inside the tile, the generic
+(not unrolled) windows, non-finite values next to the padding, and which
+problems they take. Routing is forced both ways, so that the plane kernels keep
+their own coverage of the same small problems.
 """
 
 import numpy as np
@@ -124,7 +125,8 @@ def test_which_problems_the_tile_kernels_take(monkeypatch):
 
     wide, narrow = tiles.WIDE, tiles.NARROW
     assert set(widths((2, 16, 7, 7), [1, 1, 1, 1])) == {wide}           # small map
-    assert set(widths((2, 16, 14, 14), [1, 1, 1, 1])) == {0}            # larger: planes
+    assert set(widths((2, 16, 19, 19), [1, 1, 1, 1])) == {wide}
+    assert set(widths((2, 16, 28, 28), [1, 1, 1, 1])) == {0}            # larger: planes
     # strided 3x3 on a mid-sized map: forward and filter gradient, not input gradient
     assert 0 in widths((2, 16, 56, 56), [1, 1, 2, 2]) and narrow in seen
     assert set(widths((1, 16, 112, 112), [1, 1, 2, 2])) == {narrow, 0}  # in bands

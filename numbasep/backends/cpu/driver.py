@@ -139,7 +139,7 @@ def _by_planes(plan):
 
 # Largest map (pixels, input or output) the tile kernels take at stride 1, with
 # tiles of 64 channels; largest tile or band of a tile (elements) a task holds.
-_TILE_PIXELS = 64
+_TILE_PIXELS = 400
 _TILE_SCRATCH = 1 << 18
 
 # Largest tile (elements) a tile task fills at once: a larger map is taken in bands
@@ -152,12 +152,13 @@ def _tile_width(plan, adjoint=False):
     else 0. They take what the plane kernels take, for the window shapes they are
     built for, where measured faster:
 
-    * stride 1 on maps of at most ``_TILE_PIXELS`` pixels (7 x 7, 8 x 8), all three
-      ops, 64 channels per tile: there a plane's own costs outweigh its few dozen
-      outputs. 1 thread, N=8, float32, plane -> tile kernels: 7x7x960 3x3 forward
-      1.21 -> 0.66 ms, input gradient 1.19 -> 0.56, filter gradient 1.28 -> 0.66;
-      7x7x1152 5x5 2.8 -> 1.6, 2.5 -> 1.8, 2.8 -> 2.0. On 14x14 maps and larger the
-      plane kernels are as fast or faster.
+    * stride 1 on maps of at most ``_TILE_PIXELS`` pixels (up to 19 x 19), all
+      three ops, 64 channels per tile: there a plane's own costs outweigh its few
+      hundred outputs. 1 thread, float32, NCHW/NHWC time ratio on the plane ->
+      tile kernels: 14x14x384 3x3 N=8 forward 1.15 -> 0.95, input gradient 1.82 ->
+      1.04, filter gradient 1.43 -> 0.98; 19x19x728 forward N=1 1.83 -> 1.04;
+      7x7x960 forward N=8 1.21 -> 0.66 ms. From 28 x 28 on the two are even (plane
+      kernels 0.74-1.10, tiles 0.87-1.33).
     * strided 3x3 windows (forward and filter gradient; the input gradient's tile
       form is stride 1 only), 16 channels per tile, in bands of ``_TILE_BAND``
       elements: 56x56x144 s2 forward N=1 0.29 -> 0.21 ms, N=8 4.0 -> 2.5; filter
