@@ -21,10 +21,10 @@ Two paths share every kernel:
 
 Taps are always summed in the order (kd, kh, kw), so both paths give the same
 sums. Kernels release the GIL (``nogil=True``): Python threads may call the
-operators concurrently; each call owns its output and scratch buffers. Parallel tasks own the outputs they write: no atomics, no races. The
-filter gradient sums per-chunk partial filters in a fixed order, with a
-chunking that depends on the problem only, never on the thread count, so
-results are bitwise reproducible.
+operators concurrently; each call owns its output and scratch buffers. Parallel
+tasks own the outputs they write: no atomics, no races. The filter gradient sums
+per-chunk partial filters in a fixed order, with a chunking that depends on the
+problem only, never on the thread count, so results are bitwise reproducible.
 """
 
 import numpy as np

@@ -264,8 +264,8 @@ def _build(KH, KW, CB):
 
 
 class TileKernels:
-    """The tile kernels for one window shape and one tile width: ``correlate`` (forward and input gradient) and
-    ``backprop_filter``."""
+    """The tile kernels for one window shape and one tile width: ``correlate``
+    (forward and input gradient) and ``backprop_filter``."""
 
     def __init__(self, KH, KW, CB):
         self.correlate, self.backprop_filter = _build(KH, KW, CB)
