@@ -185,9 +185,15 @@ def _tile_width(plan, adjoint=False):
     return tiles.NARROW
 
 
-def _tile_params(plan, *adjoint):
+def _tile_params(plan):
     return (plan.strides[1], plan.strides[2], plan.dilations[1], plan.dilations[2],
-            plan.pads[1], plan.pads[2]) + adjoint + (_TILE_BAND,)
+            plan.pads[1], plan.pads[2], _TILE_BAND)
+
+
+def _correlate_params(plan, adjoint):
+    """The tile correlation's parameters; the thread count sizes its job groups
+    (results do not depend on it)."""
+    return _tile_params(plan) + (adjoint, numba.get_num_threads())
 
 
 def _planes(plan, a, sizes, channels):
@@ -262,7 +268,7 @@ class CPUBackend(base.Backend):
     def depthwise_forward(self, plan, x, w, out=None, wide=False):
         if _tile_width(plan):
             return _on_planes(tiles.for_plan(plan, _tile_width(plan)).correlate,
-                              _tile_params(plan, False), plan,
+                              _correlate_params(plan, False), plan,
                               x, plan.in_sizes, w, plan.output_shape, plan.out_sizes, out, wide)
         if _by_planes(plan):
             return _on_planes(planes.forward, _plane_params(plan), plan, x, plan.in_sizes, w,
@@ -282,7 +288,7 @@ class CPUBackend(base.Backend):
     def depthwise_backprop_input(self, plan, dy, w, out=None, wide=False):
         if _tile_width(plan, adjoint=True):
             return _on_planes(tiles.for_plan(plan, _tile_width(plan, True)).correlate,
-                              _tile_params(plan, True), plan,
+                              _correlate_params(plan, True), plan,
                               dy, plan.out_sizes, w, plan.input_shape, plan.in_sizes, out, wide)
         if _by_planes(plan):
             return _on_planes(planes.backprop_input, _plane_params(plan), plan, dy,

@@ -114,13 +114,12 @@ def _positions(H, W, WP, r0, q0, CB):
 
 
 @njit(inline="always")
-def _block_taps(wk, c0, cb, KT, CB):
+def _block_taps(wt, wk, c0, cb, KT, CB):
     """wt[t*CB + c] = wk[t, c0 + c] (zeros past cb: spare lanes stay finite)."""
-    wt = np.zeros(KT * CB, wk.dtype)
+    wt[:] = 0
     for t in range(KT):
         for c in range(cb):
             wt[t * CB + c] = wk[t, c0 + c]
-    return wt
 
 
 def _build(KH, KW, CB):
@@ -131,7 +130,7 @@ def _build(KH, KW, CB):
     TAPS = KH * KW      # a compile-time constant for the register intrinsic
 
     @njit(parallel=True, nogil=True, cache=True)
-    def correlate(src, w, dst, sh, sw, rh, rw, ph, pw, adjoint, band):
+    def correlate(src, w, dst, sh, sw, rh, rw, ph, pw, band, adjoint, threads):
         """The forward (``adjoint`` False, any stride) or the input gradient (True,
         stride 1):
 
@@ -140,7 +139,8 @@ def _build(KH, KW, CB):
         input gradient, ``src`` = dy, ``dst`` = dx, in gather form: dx[n, c, ih, iw] =
         sum over taps of dy[n, c, ih + ph - kh*rh, iw + pw - kw*rw] * w[kh, kw, c].
 
-        ``src[N, C, SH, SW]``, ``w[KH, KW, C]``, ``dst[N, C, DH, DW]``.
+        ``src[N, C, SH, SW]``, ``w[KH, KW, C]``, ``dst[N, C, DH, DW]``; ``band``: tile
+        elements per band of output rows; ``threads``: sizes the job groups.
         """
         N, C, SH, SW = src.shape
         DH, DW = dst.shape[2], dst.shape[3]
@@ -161,39 +161,46 @@ def _build(KH, KW, CB):
         lead = LA if adjoint else 0        # band rows read above the first output row
         BR = min(DH, _band_rows(band, WP, LA, sh, CB))
         nblk = (C + CB - 1) // CB
-        for job in prange(N * nblk):
-            n, blk = job // nblk, job % nblk
-            c0 = blk * CB
-            cb = min(CB, C - c0)
-            cv = (cb + 7) // 8 * 8     # a run time bound: LLVM vectorises, not unrolls
+        # jobs (block, image) in groups, block-major: a group's scratch and a block's
+        # taps are set up once, not per job (on 7x7 maps a job is a few microseconds)
+        jobs = N * nblk
+        groups = min(jobs, 4 * threads)
+        for grp in prange(groups):
             pos = _positions(SH, SW, WP, r0, q0, CB)
             down = np.arange(8) * (DH * DW)
             st = np.empty(((BR - 1) * sh + LA + 1) * WP * CB, src.dtype)
             dt = np.empty(BR * DW * CB, src.dtype)
-            wt = _block_taps(wk, c0, cb, KH_ * KW_, CB)
+            wt = np.empty(TAPS * CB, src.dtype)
             toffs = np.empty(TAPS, np.int64)
             for kh in range(KH_):
                 for kw in range(KW_):
                     toffs[kh * KW_ + kw] = (kh * rh * WP + kw * rw) * step
-            for i0 in range(0, DH, BR):
-                i1 = min(DH, i0 + BR)
-                lo = i0 * sh + br - lead
-                _fill_band(sf, (n * C + c0) * SH * SW, SH, SW, lo,
-                           lo + (i1 - i0 - 1) * sh + LA + 1, r0, q0, cb, st, WP, CB, pos)
-                for i in range(i0, i1):
-                    b = ((i * sh + br - lo) * WP + bq) * CB
-                    for g in range(0, cv, 8):
-                        _taps_row8(dt, (i - i0) * DW * CB + g, CB, st, b + g, sw * CB, toffs,
-                                   wt, g, CB, DW, TAPS)
-                _from_tile(dt, (i1 - i0) * DW, cb, df, (n * C + c0) * DH * DW + i0 * DW,
-                           DH * DW, down, CB)
-            for c in range(c0, c0 + cb):
-                if _finite_taps(w, c):
-                    continue
-                if adjoint:
-                    _bin_direct(src[n, c], w, dst[n, c], c, 1, 1, rh, rw, ph, pw)
-                else:
-                    _fwd_direct(src[n, c], w, dst[n, c], c, sh, sw, rh, rw, ph, pw)
+            for job in range(grp * jobs // groups, (grp + 1) * jobs // groups):
+                blk, n = job // N, job % N
+                c0 = blk * CB
+                cb = min(CB, C - c0)
+                cv = (cb + 7) // 8 * 8
+                if job == grp * jobs // groups or n == 0:
+                    _block_taps(wt, wk, c0, cb, TAPS, CB)
+                for i0 in range(0, DH, BR):
+                    i1 = min(DH, i0 + BR)
+                    lo = i0 * sh + br - lead
+                    _fill_band(sf, (n * C + c0) * SH * SW, SH, SW, lo,
+                               lo + (i1 - i0 - 1) * sh + LA + 1, r0, q0, cb, st, WP, CB, pos)
+                    for i in range(i0, i1):
+                        b = ((i * sh + br - lo) * WP + bq) * CB
+                        for g in range(0, cv, 8):
+                            _taps_row8(dt, (i - i0) * DW * CB + g, CB, st, b + g, sw * CB, toffs,
+                                       wt, g, CB, DW, TAPS)
+                    _from_tile(dt, (i1 - i0) * DW, cb, df, (n * C + c0) * DH * DW + i0 * DW,
+                               DH * DW, down, CB)
+                for c in range(c0, c0 + cb):
+                    if _finite_taps(w, c):
+                        continue
+                    if adjoint:
+                        _bin_direct(src[n, c], w, dst[n, c], c, 1, 1, rh, rw, ph, pw)
+                    else:
+                        _fwd_direct(src[n, c], w, dst[n, c], c, sh, sw, rh, rw, ph, pw)
 
     @njit(parallel=True, nogil=True, cache=True, fastmath=_REDUCE_MATH)
     def backprop_filter(x, dy, parts, sh, sw, rh, rw, ph, pw, band):
