@@ -85,6 +85,9 @@ def _check_memory(be, plan, results, arrays, culprits, temps=(), filter_grad=Fal
     for t in temps:
         parts.append((math.prod(t) * acc.itemsize * (2 if cf else 1),
                       "an intermediate of shape {} ({})", (t, acc)))
+    ws = be.workspace_bytes(plan)
+    if ws:
+        parts.append((ws, "the {} backend's intermediates", (be.name,)))
     if filter_grad:
         f = math.prod(plan.filter_shape)
         parts.append((min(64 * f, max(f, _PARTIAL_ELEMS)) * acc.itemsize,

@@ -19,6 +19,10 @@ and float32, 8 for float64), one call allocates at most:
 * ``separable_conv``: the depthwise intermediate ``z``, ``E(output) × acc``;
   ``separable_conv_grad``: ``z``, its gradient ``dz`` and the pointwise filter
   gradient's temporaries, at most ``3 × E(output) × acc`` more;
+* depth multipliers above 1: the input with each channel repeated M times (for the
+  forward and filter gradient) or the input gradient of such an input (for the
+  input gradient), ``M × E(input) × acc``, twice that for channels-first problems
+  (in case the repeated problem is computed channels-last);
 * channels-first problems may be computed as channels-last (the CPU backend does
   so for maps of 16 columns or fewer): then every array argument in the data
   layout is copied (``E × acc``, once, whatever its dtype or strides), every
@@ -119,6 +123,8 @@ def _case(name, dtype, cf=False, strided=False, with_out=False, narrow=False):
         return n * item + (n * acc if wide or (cf and in_layout) else 0)
 
     t = 2 if cf else 1          # intermediates: channels-last and channels-first copies
+    # the CPU backend computes M > 1 on the input with its channels repeated M times
+    ws = E(x_shape) * M * acc * t
 
     fsize = E(w.shape)
     parts = max(fsize, min(64 * fsize, 1 << 22)) * acc
@@ -128,32 +134,32 @@ def _case(name, dtype, cf=False, strided=False, with_out=False, narrow=False):
             out = np.empty(y_shape, dt)
         call = lambda: numbasep.depthwise_conv2d_native(  # noqa: E731
             x, w, ONES, "SAME", data_format=fmt, out=out)
-        bound = result(y_shape, with_out, True) + copies(x, w)
+        bound = ws + result(y_shape, with_out, True) + copies(x, w)
         res = 0 if with_out else E(y_shape) * item
     elif name == "bi":
         call = lambda: numbasep.depthwise_conv2d_native_backprop_input(  # noqa: E731
             list(x_shape), w, dy, ONES, "SAME", data_format=fmt)
-        bound = result(x_shape, in_layout=True) + copies(w, dy)
+        bound = ws + result(x_shape, in_layout=True) + copies(w, dy)
         res = E(x_shape) * item
     elif name == "bf":
         call = lambda: numbasep.depthwise_conv2d_native_backprop_filter(  # noqa: E731
             x, list(w.shape), dy, ONES, "SAME", data_format=fmt)
-        bound = result(w.shape) + copies(x, dy) + parts
+        bound = ws + result(w.shape) + copies(x, dy) + parts
         res = E(w.shape) * item
     elif name == "sc":
         call = lambda: numbasep.separable_conv(  # noqa: E731
             x, w, pk, padding="same", data_format=kfmt)
-        bound = result(o_shape) + copies(x, w, pk) + t * E(y_shape) * acc
+        bound = ws + result(o_shape) + copies(x, w, pk) + t * E(y_shape) * acc
         res = E(o_shape) * item
     elif name == "dcg":
         call = lambda: numbasep.depthwise_conv_grad(  # noqa: E731
             x, w, dy, padding="same", data_format=kfmt)
-        bound = result(x_shape, in_layout=True) + result(w.shape) + copies(x, w, dy) + parts
+        bound = ws + result(x_shape, in_layout=True) + result(w.shape) + copies(x, w, dy) + parts
         res = (E(x_shape) + E(w.shape)) * item
     else:  # scg
         call = lambda: numbasep.separable_conv_grad(  # noqa: E731
             x, w, pk, g, padding="same", data_format=kfmt)
-        bound = (result(x_shape, in_layout=True) + result(w.shape) + result(pk.shape)
+        bound = ws + (result(x_shape, in_layout=True) + result(w.shape) + result(pk.shape)
                  + copies(x, w, pk, g) + parts + 3 * t * E(y_shape) * acc)
         res = (E(x_shape) + E(w.shape) + E(pk.shape)) * item
     return call, bound, res

@@ -38,6 +38,12 @@ class Backend:
         """Return ``result`` as the kind of array the caller passed (``like``)."""
         return result
 
+    def workspace_bytes(self, plan):
+        """Bytes of intermediates one primitive on ``plan`` may hold besides its
+        result, the partial filters and compute copies of its arguments (which the
+        operators' memory check counts itself)."""
+        return 0
+
     # -- primitives ---------------------------------------------------------------
     def depthwise_forward(self, plan, x, w, out=None, wide=False):
         raise NotImplementedError
