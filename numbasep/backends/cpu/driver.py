@@ -32,14 +32,13 @@ def _compute(a):
     arrays copied to a contiguous buffer, once per call.
     """
     dt = a.dtype
-    if dt != _F32 and dt != _F64:
+    if dt is not _F32 and dt is not _F64 and dt != _F32 and dt != _F64:
         a = halves.widen(np.ascontiguousarray(a))
     elif not a.flags.c_contiguous:
         a = np.ascontiguousarray(a)
-    if a.flags.writeable:
-        a = a.view()
-        a.flags.writeable = False
-    return a
+    v = a.view()                 # (setflags on a view: the cheapest form, per call)
+    v.setflags(write=False)
+    return v
 
 
 def _result(plan, shape, out, wide):
@@ -191,9 +190,7 @@ def _tile_params(plan):
 
 
 def _correlate_params(plan, adjoint):
-    """The tile correlation's parameters; the thread count sizes its job groups
-    (results do not depend on it)."""
-    return _tile_params(plan) + (adjoint, numba.get_num_threads())
+    return _tile_params(plan) + (adjoint,)
 
 
 def _planes(plan, a, sizes, channels):
@@ -311,8 +308,9 @@ class CPUBackend(base.Backend):
             p1 = _single_plan(plan)
             return self.depthwise_forward(p1, _repeated(plan, x), w.reshape(p1.filter_shape),
                                           out, wide)
-        if _tile_width(plan):
-            return _on_planes(tiles.for_plan(plan, _tile_width(plan)).correlate,
+        width = _tile_width(plan)
+        if width:
+            return _on_planes(tiles.for_plan(plan, width).correlate,
                               _correlate_params(plan, False), plan,
                               x, plan.in_sizes, w, plan.output_shape, plan.out_sizes, out, wide)
         if _by_planes(plan):
@@ -333,8 +331,9 @@ class CPUBackend(base.Backend):
     def depthwise_backprop_input(self, plan, dy, w, out=None, wide=False):
         if plan.multiplier > 1:
             return self._sum_repeated(plan, dy, w, out, wide)
-        if _tile_width(plan, adjoint=True):
-            return _on_planes(tiles.for_plan(plan, _tile_width(plan, True)).correlate,
+        width = _tile_width(plan, adjoint=True)
+        if width:
+            return _on_planes(tiles.for_plan(plan, width).correlate,
                               _correlate_params(plan, True), plan,
                               dy, plan.out_sizes, w, plan.input_shape, plan.in_sizes, out, wide)
         if _by_planes(plan):
@@ -392,8 +391,9 @@ class CPUBackend(base.Backend):
             kh, kw, c = plan.kernel[1], plan.kernel[2], plan.channels
             parts = np.empty((kernels.partial_chunks(plan.batch, kh * kw * c), kh, kw, c),
                              buf.dtype)
-            if _tile_width(plan):
-                kern = tiles.for_plan(plan, _tile_width(plan)).backprop_filter
+            width = _tile_width(plan)
+            if width:
+                kern = tiles.for_plan(plan, width).backprop_filter
                 params = _tile_params(plan)
             else:
                 kern, params = planes.backprop_filter, _plane_params(plan)

@@ -34,6 +34,10 @@ from .simd import taps_dot8 as _taps_dot8
 from .simd import taps_row8 as _taps_row8
 from .simd import transpose8 as _t8
 
+# Most tasks a correlation is split into (each sets up its scratch once): enough
+# for the machines this runs on to balance, few enough to amortise the set-up.
+GROUPS = 64
+
 # Channels per tile: on small maps eight 8-lane vectors per pixel (a 9 x 9 tile of
 # them is 20 KiB); on larger, strided maps two, so that the tile stays in L2.
 WIDE, NARROW = 64, 16
@@ -130,7 +134,7 @@ def _build(KH, KW, CB):
     TAPS = KH * KW      # a compile-time constant for the register intrinsic
 
     @njit(parallel=True, nogil=True, cache=True)
-    def correlate(src, w, dst, sh, sw, rh, rw, ph, pw, band, adjoint, threads):
+    def correlate(src, w, dst, sh, sw, rh, rw, ph, pw, band, adjoint):
         """The forward (``adjoint`` False, any stride) or the input gradient (True,
         stride 1):
 
@@ -140,7 +144,7 @@ def _build(KH, KW, CB):
         sum over taps of dy[n, c, ih + ph - kh*rh, iw + pw - kw*rw] * w[kh, kw, c].
 
         ``src[N, C, SH, SW]``, ``w[KH, KW, C]``, ``dst[N, C, DH, DW]``; ``band``: tile
-        elements per band of output rows; ``threads``: sizes the job groups.
+        elements per band of output rows.
         """
         N, C, SH, SW = src.shape
         DH, DW = dst.shape[2], dst.shape[3]
@@ -161,10 +165,11 @@ def _build(KH, KW, CB):
         lead = LA if adjoint else 0        # band rows read above the first output row
         BR = min(DH, _band_rows(band, WP, LA, sh, CB))
         nblk = (C + CB - 1) // CB
-        # jobs (block, image) in groups, block-major: a group's scratch and a block's
-        # taps are set up once, not per job (on 7x7 maps a job is a few microseconds)
+        # jobs (block, image) in at most GROUPS groups, block-major: a group's scratch
+        # and a block's taps are set up once, not per job (on 7x7 maps a job is a few
+        # microseconds)
         jobs = N * nblk
-        groups = min(jobs, 4 * threads)
+        groups = min(jobs, GROUPS)
         for grp in prange(groups):
             pos = _positions(SH, SW, WP, r0, q0, CB)
             down = np.arange(8) * (DH * DW)
