@@ -1,6 +1,6 @@
 """The channels-first tile kernels (numbasep/backends/cpu/tiles.py).
 
-They take channels-first problems on stride-1 maps up to 19 x 19, and strided
+They take channels-first problems on stride-1 maps up to 8 x 8 (3x3: 19 x 19), and strided
 forward and filter-gradient problems (larger maps in bands of output rows),
 transposing blocks of channels into channels-last tiles with 8 x 8 register
 transposes (tested in test_simd.py). The tests aim at what is theirs: strides,
@@ -131,6 +131,9 @@ def test_which_problems_the_tile_kernels_take(monkeypatch):
     assert 0 in widths((2, 16, 56, 56), [1, 1, 2, 2]) and narrow in seen
     assert set(widths((1, 16, 112, 112), [1, 1, 2, 2])) == {narrow, 0}  # in bands
     assert set(widths((2, 7, 7, 16), [1, 1, 1, 1], "NHWC")) <= {0}     # channels-last
+    w = np.ones((5, 5, 16, 1), np.float32)                # 5x5 past 64 pixels: planes
+    assert set(widths((2, 16, 14, 14), [1, 1, 1, 1])) == {0}
+    assert set(widths((2, 16, 8, 8), [1, 1, 1, 1])) == {wide}
     w = np.ones((2, 3, 16, 1), np.float32)                              # no 2x3 tile kernels
     assert set(widths((2, 16, 7, 7), [1, 1, 1, 1])) == {0}
 

@@ -137,7 +137,9 @@ def _by_planes(plan):
 
 
 # Largest map (pixels, input or output) the tile kernels take at stride 1, with
-# tiles of 64 channels; largest tile or band of a tile (elements) a task holds.
+# tiles of 64 channels: any of their windows up to _SMALL_PIXELS, 3x3 up to
+# _TILE_PIXELS; largest tile or band of a tile (elements) a task holds.
+_SMALL_PIXELS = 64
 _TILE_PIXELS = 400
 _TILE_SCRATCH = 1 << 18
 
@@ -151,9 +153,12 @@ def _tile_width(plan, adjoint=False):
     else 0. They take what the plane kernels take, for the window shapes they are
     built for, where measured faster:
 
-    * stride 1 on maps of at most ``_TILE_PIXELS`` pixels (up to 19 x 19), all
-      three ops, 64 channels per tile: there a plane's own costs outweigh its few
-      hundred outputs. 1 thread, float32, NCHW/NHWC time ratio on the plane ->
+    * stride 1 on maps of at most ``_SMALL_PIXELS`` pixels (7 x 7, 8 x 8), and for
+      3x3 windows up to ``_TILE_PIXELS`` (19 x 19), all three ops, 64 channels per
+      tile: there a plane's own costs outweigh its few hundred outputs (5x5 and 7x7
+      windows on 14x14 maps measured even: 14x14x384 7x7 forward N=8 NCHW/NHWC 0.71
+      planes, 0.74 tiles; 14x14x672 5x5 0.91 / 0.88; they stay on the planes, which
+      also spares CI a compilation per window shape). 1 thread, float32, NCHW/NHWC time ratio on the plane ->
       tile kernels: 14x14x384 3x3 N=8 forward 1.15 -> 0.95, input gradient 1.82 ->
       1.04, filter gradient 1.43 -> 0.98; 19x19x728 forward N=1 1.83 -> 1.04;
       7x7x960 forward N=8 1.21 -> 0.66 ms. From 28 x 28 on the two are even (plane
@@ -176,7 +181,8 @@ def _tile_width(plan, adjoint=False):
     wp = max(pw + w, (ow - 1) * sw + 2 * (kw - 1) * rw + 1)
     if sh == sw == 1:
         tile = max(ph + h, oh + 2 * (kh - 1) * rh) * wp
-        small = max(h * w, oh * ow) <= _TILE_PIXELS
+        pixels = max(h * w, oh * ow)
+        small = pixels <= _SMALL_PIXELS or (pixels <= _TILE_PIXELS and (kh, kw) == (3, 3))
         return tiles.WIDE if small and tile * tiles.WIDE <= _TILE_SCRATCH else 0
     smallest_band = ((kh - 1) * rh + 1 + sh) * wp * tiles.NARROW
     if adjoint or kh * kw > 9 or smallest_band > _TILE_SCRATCH:
