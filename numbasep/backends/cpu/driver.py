@@ -115,6 +115,13 @@ def _transpose_pays(plan):
 _PLANE_SCRATCH = 1 << 20
 
 
+def _flat(plan):
+    """Whether ``plan`` is a 1-D or 2-D problem with depth multiplier 1 and no
+    negative padding: what the plane and tile kernels are written for."""
+    return (plan.multiplier == 1 and plan.in_sizes[0] == 1 and plan.kernel[0] == 1
+            and plan.out_sizes[0] == 1 and min(plan.pads) >= 0)
+
+
 def _by_planes(plan):
     """Whether the plane kernels (:mod:`.planes`) take this problem: channels-first,
     1-D or 2-D, depth multiplier 1, and a plane whose phase-split scratch is small.
@@ -123,8 +130,7 @@ def _by_planes(plan):
     with a geometric-mean NCHW/NHWC time ratio of 1.09 instead of 2.03 (1 thread,
     N=8, 51 rows; ``python -m numbasep bench --full --layout NHWC,NCHW --batch 8
     --threads 1``)."""
-    if plan.channels_last or plan.multiplier != 1 or plan.in_sizes[0] != 1 \
-            or plan.kernel[0] != 1 or plan.out_sizes[0] != 1 or min(plan.pads) < 0:
+    if plan.channels_last or not _flat(plan):
         return False
     _, kh, kw = plan.kernel
     _, sh, sw = plan.strides
@@ -148,6 +154,18 @@ _TILE_SCRATCH = 1 << 18
 _TILE_BAND = 1 << 15
 
 
+def _tile_geometry(plan):
+    """(pixels, row, cells): the larger map's pixel count, and bounds on the cells
+    of a tile row and of a whole stride-1 tile (forward or adjoint)."""
+    _, h, w = plan.in_sizes
+    _, oh, ow = plan.out_sizes
+    _, kh, kw = plan.kernel
+    _, rh, rw = plan.dilations
+    _, ph, pw = plan.pads
+    wp = max(pw + w, (ow - 1) * plan.strides[2] + 2 * (kw - 1) * rw + 1)
+    return max(h * w, oh * ow), wp, max(ph + h, oh + 2 * (kh - 1) * rh) * wp
+
+
 def _tile_width(plan, adjoint=False):
     """Channels per tile when the tile kernels (:mod:`.tiles`) take this problem,
     else 0. They take what the plane kernels take, for the window shapes they are
@@ -161,8 +179,8 @@ def _tile_width(plan, adjoint=False):
       also spares CI a compilation per window shape). 1 thread, float32, NCHW/NHWC
       time ratio on the plane -> tile kernels: 14x14x384 3x3 N=8 forward 1.15 ->
       0.95, input gradient 1.82 -> 1.04, filter gradient 1.43 -> 0.98; 19x19x728
-      forward N=1 1.83 -> 1.04; 7x7x960 forward N=8 1.21 -> 0.66 ms. From 28 x 28 on the two are even (plane
-      kernels 0.74-1.10, tiles 0.87-1.33).
+      forward N=1 1.83 -> 1.04; 7x7x960 forward N=8 1.21 -> 0.66 ms. From 28 x 28 on
+      the two are even (plane kernels 0.74-1.10, tiles 0.87-1.33).
     * strided 3x3 windows (forward and filter gradient; the input gradient's tile
       form is stride 1 only), 16 channels per tile, in bands of ``_TILE_BAND``
       elements: 56x56x144 s2 forward N=1 0.29 -> 0.21 ms, N=8 4.0 -> 2.5; filter
@@ -172,22 +190,50 @@ def _tile_width(plan, adjoint=False):
     """
     if not _by_planes(plan) or plan.kernel[1:] not in tiles.WINDOWS:
         return 0
-    _, h, w = plan.in_sizes
-    _, oh, ow = plan.out_sizes
     _, kh, kw = plan.kernel
     _, sh, sw = plan.strides
-    _, rh, rw = plan.dilations
-    _, ph, pw = plan.pads
-    wp = max(pw + w, (ow - 1) * sw + 2 * (kw - 1) * rw + 1)
+    _, rh, _ = plan.dilations
+    pixels, wp, tile = _tile_geometry(plan)
     if sh == sw == 1:
-        tile = max(ph + h, oh + 2 * (kh - 1) * rh) * wp
-        pixels = max(h * w, oh * ow)
         small = pixels <= _SMALL_PIXELS or (pixels <= _TILE_PIXELS and (kh, kw) == (3, 3))
         return tiles.WIDE if small and tile * tiles.WIDE <= _TILE_SCRATCH else 0
     smallest_band = ((kh - 1) * rh + 1 + sh) * wp * tiles.NARROW
     if adjoint or kh * kw > 9 or smallest_band > _TILE_SCRATCH:
         return 0
     return tiles.NARROW
+
+
+# Largest map (pixels) whose channels-last filter gradient the tile kernels take,
+# for 3x3 windows (5x5: _SMALL_PIXELS).
+_CL_TILE_PIXELS = 196
+
+
+def _filter_tile_width(plan):
+    """Channels per tile for the filter gradient, or 0 (channels-first: as
+    :func:`_tile_width` says).
+
+    Channels-last problems take the tiles for their filter gradient on small
+    stride-1 maps, float32 sums, 3x3 windows up to ``_CL_TILE_PIXELS`` pixels and
+    5x5 up to ``_SMALL_PIXELS``: there the row kernels' per-row set-up and border
+    loops, and one partial filter per output row, cost more than a tile copy. 1
+    thread, tiles / rows time, min of interleaved rounds: 7x7x960 N=8 0.80, N=1
+    0.86; 14x14x384 N=8 0.85; 14x14x576 N=8 0.86; 7x7x1152 5x5 N=8 0.70; at
+    19x19x728 N=8 1.31 (N=1 0.91), and on 28x28 maps even. Their forward and input
+    gradient measured even with the row kernels (0.87-1.26), and stay there;
+    float64 stays there too, which spares CI the compilations."""
+    if not plan.channels_last:
+        return _tile_width(plan)
+    if (not _flat(plan) or dtypes.accumulator(plan.dtype) != _F32
+            or plan.strides[1:] != (1, 1)):
+        return 0
+    pixels, _, tile = _tile_geometry(plan)
+    window = plan.kernel[1:]
+    if tile * tiles.WIDE > _TILE_SCRATCH:
+        return 0
+    if (window == (3, 3) and pixels <= _CL_TILE_PIXELS) or \
+            (window == (5, 5) and pixels <= _SMALL_PIXELS):
+        return tiles.WIDE
+    return 0
 
 
 def _tile_params(plan):
@@ -200,7 +246,10 @@ def _correlate_params(plan, adjoint):
 
 
 def _planes(plan, a, sizes, channels):
-    """A channels-first canonical array as the plane kernels' (N, C, H, W)."""
+    """A canonical array as the plane and tile kernels' (N, C, H, W), or (N, H, W,
+    C) when channels-last."""
+    if plan.channels_last:
+        return a.reshape(plan.batch, sizes[1], sizes[2], channels)
     return a.reshape(plan.batch, channels, sizes[1], sizes[2])
 
 
@@ -392,11 +441,11 @@ class CPUBackend(base.Backend):
         buf, final = _result(plan, plan.filter_shape, out, wide)
         if _nothing_to_do(buf, x, dy):
             return _finish(plan, buf, final)
-        if _by_planes(plan):
+        width = _filter_tile_width(plan)
+        if width or _by_planes(plan):
             kh, kw, c = plan.kernel[1], plan.kernel[2], plan.channels
             parts = np.empty((kernels.partial_chunks(plan.batch, kh * kw * c), kh, kw, c),
                              buf.dtype)
-            width = _tile_width(plan)
             if width:
                 kern = tiles.for_plan(plan, width).backprop_filter
                 params = _tile_params(plan)

@@ -1,4 +1,4 @@
-"""Channels-first kernels that compute each block of channels channels-last.
+"""Kernels that compute each block of channels in a padded channels-last tile.
 
 On a 7x7 map a channels-first plane holds 49 values: whatever a plane kernel does
 per plane (copies, loop set-up, short vector runs) is paid for a few dozen
@@ -10,16 +10,22 @@ channels-last kernels do, and transposes the result back. The transposes work
 on 8 x 8 blocks in vector registers (:func:`.simd.transpose8`); only the pixels
 and channels left over from whole 8-blocks go one by one.
 
+The same kernels, built for channels-last arrays, take the filter gradient of
+small channels-last maps: the tile is then a plain copy of a block of channels
+with its padding, which spares the row kernels' border loops and their one
+partial filter per output row.
+
 Products with the zero padding are not products of the operator; with an Inf
 or NaN weight they would put NaN where the operator has none. Channels whose
-taps are not all finite (forward, input gradient), and (channel, image) pairs
-whose filter-gradient sums are not finite, are therefore recomputed by the
-direct loops of :mod:`.planes`, which skip the padding.
+taps are not all finite (forward, input gradient), and channels whose
+filter-gradient sums over a chunk of images are not finite, are therefore
+recomputed by the direct loops of :mod:`.planes`, which skip the padding.
 
 These kernels take 2-D (and 1-D) problems with depth multiplier 1: at stride 1
 on small maps, and the forward and filter gradient of strided 3x3 windows on
-mid-sized maps (the driver's ``_tile_width`` says which, from measurements);
-within a sum the taps come in (kh, kw) order, as in the other kernels.
+mid-sized maps (the driver's ``_tile_width`` and ``_filter_tile_width`` say
+which, from measurements); within a sum the taps come in (kh, kw) order, as in
+the other kernels.
 """
 
 import numpy as np
@@ -29,7 +35,7 @@ from .kernels import UNROLLED, _REDUCE_MATH, _u
 
 #: Window shapes the tile kernels are built for (the unrolled ones of the row kernels).
 WINDOWS = UNROLLED
-from .planes import _bfil_direct, _bin_direct, _finite_taps, _fwd_direct
+from .planes import _bfil_direct, _bin_direct, _fwd_direct
 from .simd import taps_dot8 as _taps_dot8
 from .simd import taps_row8 as _taps_row8
 from .simd import transpose8 as _t8
@@ -60,6 +66,18 @@ def _to_tile(src, s0, cs, P, cb, tile, t0, pos, p0):
 
 
 @njit(inline="always")
+def _copy_pixels(src, s0, C, P, cb, tile, t0, pos, p0):
+    """The channels-last twin of :func:`_to_tile`: ``cb`` channels of P pixels,
+    ``src[s0 + p*C + c]``, into ``tile[t0 + pos[p0 + p] + c]`` (a contiguous run
+    per pixel: no transpose)."""
+    for p in range(P):
+        t = t0 + pos[p0 + p]
+        s = s0 + p * C
+        for c in range(cb):
+            tile[_u(t + c)] = src[_u(s + c)]
+
+
+@njit(inline="always")
 def _from_tile(tile, P, cb, dst, d0, cs, down, CB):
     """The inverse of :func:`_to_tile` for an unpadded tile of ``CB`` channels
     (pixel p at ``p*CB``): ``dst[d0 + c*cs + p] = tile[p*CB + c]``; ``down[c] = c*cs``
@@ -85,9 +103,11 @@ def _band_rows(band, WP, LA, s, CB):
 
 
 @njit(inline="always")
-def _fill_band(sf, s0, SH, SW, lo, hi, r0, q0, cb, tile, WP, CB, pos):
-    """Tile rows [lo, hi) of one block's channels from plane ``s0``: tile cell (r, q)
-    holds source pixel (r - r0, q - q0); cells outside the source are zeros.
+def _fill_band(sf, s0, SH, SW, lo, hi, r0, q0, cb, tile, WP, CB, pos, C, cl):
+    """Tile rows [lo, hi) of one block's channels: tile cell (r, q) holds source
+    pixel (r - r0, q - q0); cells outside the source are zeros. The block starts
+    at ``sf[s0]``: channels-first (``cl`` False), the first channel's plane;
+    channels-last, pixel (0, 0)'s first channel, pixels ``C`` apart.
 
     Only the padding is zeroed, not the whole band (on a 112x112 map that halved
     the time of a fill); with fewer than ``CB`` channels all of it is, so that the
@@ -101,7 +121,10 @@ def _fill_band(sf, s0, SH, SW, lo, hi, r0, q0, cb, tile, WP, CB, pos):
         for r in range(a0 + r0 - lo, a1 + r0 - lo):
             tile[r * WP * CB:(r * WP + q0) * CB] = 0
             tile[(r * WP + q0 + SW) * CB:(r + 1) * WP * CB] = 0
-    if a1 > a0:
+    if a1 > a0 and cl:
+        _copy_pixels(sf, s0 + a0 * SW * C, C, (a1 - a0) * SW, cb, tile, -lo * WP * CB, pos,
+                     a0 * SW)
+    elif a1 > a0:
         _to_tile(sf, s0 + a0 * SW, SH * SW, (a1 - a0) * SW, cb, tile, -lo * WP * CB, pos,
                  a0 * SW)
 
@@ -126,11 +149,41 @@ def _block_taps(wt, wk, c0, cb, KT, CB):
             wt[t * CB + c] = wk[t, c0 + c]
 
 
-def _build(KH, KW, CB):
+@njit(inline="always")
+def _dims(src, dst, cl):
+    """(N, C, SH, SW, DH, DW): batch, channels and the spatial sizes of a source and
+    a result array, channels-last (``cl``) or channels-first."""
+    if cl:
+        return (src.shape[0], src.shape[3], src.shape[1], src.shape[2], dst.shape[1],
+                dst.shape[2])
+    return src.shape[0], src.shape[1], src.shape[2], src.shape[3], dst.shape[2], dst.shape[3]
+
+
+@njit(inline="always")
+def _lane_checks(v, chk, n, KT, CB):
+    """chk[c] = sum over t < KT of v[t*CB + c] * 0, for c < n: zero where lane c's
+    KT values are all finite, NaN where one is not. Lanes side by side, so that it
+    vectorises: checking one channel's taps at a time (a chain of dependent adds)
+    cost as much as the tile forward itself on 7x7 maps."""
+    for c in range(n):
+        chk[c] = v[c] * 0
+    for t in range(1, KT):
+        for c in range(n):
+            chk[c] += v[t * CB + c] * 0
+
+
+def _build(KH, KW, CB, CL):
     """The kernels for a KH x KW window, its taps unrolled, on tiles of ``CB``
-    channels (a multiple of 8). Without unrolling the forward's taps are summed
-    through memory, ten times slower: there are no generic tile kernels, and the
-    driver routes only the windows of ``WINDOWS`` here."""
+    channels (a multiple of 8), for channels-last (``CL``) or channels-first
+    arrays. Without unrolling the forward's taps are summed through memory, ten
+    times slower: there are no generic tile kernels, and the driver routes only
+    the windows of ``WINDOWS`` here.
+
+    Channels-last arrays need no transposes: the tiles are filled with one
+    contiguous run of channels per pixel, results are written straight into the
+    output and the output gradient is read where it lies, 8 lanes at a time; only
+    a block's last group of fewer than 8 channels goes through a small buffer, so
+    that no lane reads or writes past the block."""
     TAPS = KH * KW      # a compile-time constant for the register intrinsic
 
     @njit(parallel=True, nogil=True, cache=True)
@@ -143,11 +196,11 @@ def _build(KH, KW, CB):
         input gradient, ``src`` = dy, ``dst`` = dx, in gather form: dx[n, c, ih, iw] =
         sum over taps of dy[n, c, ih + ph - kh*rh, iw + pw - kw*rw] * w[kh, kw, c].
 
-        ``src[N, C, SH, SW]``, ``w[KH, KW, C]``, ``dst[N, C, DH, DW]``; ``band``: tile
-        elements per band of output rows.
+        ``src[N, C, SH, SW]``, ``w[KH, KW, C]``, ``dst[N, C, DH, DW]`` (channels-last:
+        ``[N, SH, SW, C]``, ``[N, DH, DW, C]``); ``band``: tile elements per band of
+        output rows.
         """
-        N, C, SH, SW = src.shape
-        DH, DW = dst.shape[2], dst.shape[3]
+        N, C, SH, SW, DH, DW = _dims(src, dst, CL)
         KH_, KW_ = KH, KW           # compile-time constants: the tap loops unroll
         LA, LB = (KH_ - 1) * rh, (KW_ - 1) * rw
         if adjoint:
@@ -176,6 +229,8 @@ def _build(KH, KW, CB):
             st = np.empty(((BR - 1) * sh + LA + 1) * WP * CB, src.dtype)
             dt = np.empty(BR * DW * CB, src.dtype)
             wt = np.empty(TAPS * CB, src.dtype)
+            chk = np.empty(CB, src.dtype)
+            finite = True
             toffs = np.empty(TAPS, np.int64)
             for kh in range(KH_):
                 for kw in range(KW_):
@@ -185,36 +240,58 @@ def _build(KH, KW, CB):
                 c0 = blk * CB
                 cb = min(CB, C - c0)
                 cv = (cb + 7) // 8 * 8
+                c8 = cb // 8 * 8
                 if job == grp * jobs // groups or n == 0:
                     _block_taps(wt, wk, c0, cb, TAPS, CB)
+                    _lane_checks(wt, chk, cb, TAPS, CB)
+                    finite = True
+                    for c in range(cb):
+                        finite = finite and chk[c] == 0
+                s0 = n * SH * SW * C + c0 if CL else (n * C + c0) * SH * SW
                 for i0 in range(0, DH, BR):
                     i1 = min(DH, i0 + BR)
                     lo = i0 * sh + br - lead
-                    _fill_band(sf, (n * C + c0) * SH * SW, SH, SW, lo,
-                               lo + (i1 - i0 - 1) * sh + LA + 1, r0, q0, cb, st, WP, CB, pos)
+                    _fill_band(sf, s0, SH, SW, lo, lo + (i1 - i0 - 1) * sh + LA + 1, r0, q0,
+                               cb, st, WP, CB, pos, C, CL)
                     for i in range(i0, i1):
                         b = ((i * sh + br - lo) * WP + bq) * CB
-                        for g in range(0, cv, 8):
-                            _taps_row8(dt, (i - i0) * DW * CB + g, CB, st, b + g, sw * CB, toffs,
-                                       wt, g, CB, DW, TAPS)
-                    _from_tile(dt, (i1 - i0) * DW, cb, df, (n * C + c0) * DH * DW + i0 * DW,
-                               DH * DW, down, CB)
+                        if CL:
+                            d0 = (n * DH + i) * DW * C + c0
+                            for g in range(0, c8, 8):
+                                _taps_row8(df, d0 + g, C, st, b + g, sw * CB, toffs, wt, g, CB,
+                                           DW, TAPS)
+                            if c8 < cb:
+                                _taps_row8(dt, 0, 8, st, b + c8, sw * CB, toffs, wt, c8, CB,
+                                           DW, TAPS)
+                                for k in range(DW):
+                                    for c in range(c8, cb):
+                                        df[d0 + k * C + c] = dt[k * 8 + c - c8]
+                        else:
+                            for g in range(0, cv, 8):
+                                _taps_row8(dt, (i - i0) * DW * CB + g, CB, st, b + g, sw * CB,
+                                           toffs, wt, g, CB, DW, TAPS)
+                    if not CL:
+                        _from_tile(dt, (i1 - i0) * DW, cb, df,
+                                   (n * C + c0) * DH * DW + i0 * DW, DH * DW, down, CB)
+                if finite:
+                    continue
                 for c in range(c0, c0 + cb):
-                    if _finite_taps(w, c):
+                    if chk[c - c0] == 0:
                         continue
+                    xs = src[n, :, :, c] if CL else src[n, c]
+                    ds = dst[n, :, :, c] if CL else dst[n, c]
                     if adjoint:
-                        _bin_direct(src[n, c], w, dst[n, c], c, 1, 1, rh, rw, ph, pw)
+                        _bin_direct(xs, w, ds, c, 1, 1, rh, rw, ph, pw)
                     else:
-                        _fwd_direct(src[n, c], w, dst[n, c], c, sh, sw, rh, rw, ph, pw)
+                        _fwd_direct(xs, w, ds, c, sh, sw, rh, rw, ph, pw)
 
     @njit(parallel=True, nogil=True, cache=True, fastmath=_REDUCE_MATH)
     def backprop_filter(x, dy, parts, sh, sw, rh, rw, ph, pw, band):
         """parts[p, kh, kw, c] = the filter gradient of channel c over the images of
-        chunk p (stride 1). Chunks depend on the problem only; each task sums its
-        chunk's images in order, so the result does not depend on the thread count."""
-        N, C, H, W = x.shape
+        chunk p. Chunks depend on the problem only; each task sums its chunk's images
+        in order, so the result does not depend on the thread count."""
+        N, C, H, W, OH, OW = _dims(x, dy, CL)
         P, KH_, KW_ = parts.shape[0], KH, KW
-        OH, OW = dy.shape[2], dy.shape[3]
         KT = KH_ * KW_
         LA = (KH_ - 1) * rh
         WP = max(pw + W, (OW - 1) * sw + (KW_ - 1) * rw + 1)
@@ -222,73 +299,98 @@ def _build(KH, KW, CB):
         xf = x.reshape(N * C * H * W)
         dyf = dy.reshape(N * C * OH * OW)
         nblk = (C + CB - 1) // CB
-        for job in prange(P * nblk):
-            p, blk = job // nblk, job % nblk
-            c0 = blk * CB
-            cb = min(CB, C - c0)
-            cv = (cb + 7) // 8 * 8
+        # jobs (chunk, block) in at most GROUPS groups that set up their scratch once,
+        # as in the correlation
+        jobs = P * nblk
+        groups = min(jobs, GROUPS)
+        for grp in prange(groups):
             pos = _positions(H, W, WP, ph, pw, CB)
-            flat = np.arange(OH * OW + 8) * CB
             xt = np.empty(((BR - 1) * sh + LA + 1) * WP * CB, x.dtype)
-            gt = np.zeros(BR * OW * CB, x.dtype)
-            one = np.empty(KT * CB, x.dtype)
-            acc = np.zeros(KT * CB, x.dtype)
+            # the output gradient's tile; channels-last, only a short block's last lanes
+            flat = np.arange((0 if CL else OH * OW) + 8) * CB
+            gt = np.zeros(OW * 8 if CL else BR * OW * CB, x.dtype)
+            acc = np.empty(KT * CB, x.dtype)
+            chk = np.empty(CB, x.dtype)
             direct = np.empty(KT, x.dtype)
             toffs = np.empty(KT, np.int64)
             for kh in range(KH_):
                 for kw in range(KW_):
                     toffs[kh * KW_ + kw] = (kh * rh * WP + kw * rw) * CB
-            for n in range(p * N // P, (p + 1) * N // P):
-                one[:] = 0
-                for o0 in range(0, OH, BR):
-                    o1 = min(OH, o0 + BR)
-                    lo = o0 * sh
-                    _fill_band(xf, (n * C + c0) * H * W, H, W, lo,
-                               lo + (o1 - o0 - 1) * sh + LA + 1, ph, pw, cb, xt, WP, CB,
-                               pos)
-                    _to_tile(dyf, (n * C + c0) * OH * OW + o0 * OW, OH * OW, (o1 - o0) * OW,
-                             cb, gt, 0, flat, 0)
-                    for oh in range(o0, o1):
-                        for g in range(0, cv, 8):
-                            _taps_dot8(one, g, CB, xt, (oh - o0) * sh * WP * CB + g, sw * CB,
-                                       toffs, gt, (oh - o0) * OW * CB + g, CB, OW, TAPS)
-                # finite operands give finite sums (padding products are exact
-                # zeros); otherwise the padding must not count: direct loop
+            for job in range(grp * jobs // groups, (grp + 1) * jobs // groups):
+                p, blk = job // nblk, job % nblk
+                c0 = blk * CB
+                cb = min(CB, C - c0)
+                cv = (cb + 7) // 8 * 8
+                c8 = cb // 8 * 8
+                acc[:] = 0
+                for n in range(p * N // P, (p + 1) * N // P):
+                    s0 = n * H * W * C + c0 if CL else (n * C + c0) * H * W
+                    for o0 in range(0, OH, BR):
+                        o1 = min(OH, o0 + BR)
+                        lo = o0 * sh
+                        hi = lo + (o1 - o0 - 1) * sh + LA + 1
+                        _fill_band(xf, s0, H, W, lo, hi, ph, pw, cb, xt, WP, CB, pos, C, CL)
+                        if not CL:
+                            _to_tile(dyf, (n * C + c0) * OH * OW + o0 * OW, OH * OW,
+                                     (o1 - o0) * OW, cb, gt, 0, flat, 0)
+                        for oh in range(o0, o1):
+                            xrow = (oh - o0) * sh * WP * CB
+                            if CL:
+                                g0 = (n * OH + oh) * OW * C + c0
+                                for g in range(0, c8, 8):
+                                    _taps_dot8(acc, g, CB, xt, xrow + g, sw * CB, toffs, dyf,
+                                               g0 + g, C, OW, TAPS)
+                                if c8 < cb:
+                                    # spare lanes of gt stay zero (np.zeros)
+                                    for k in range(OW):
+                                        for c in range(c8, cb):
+                                            gt[k * 8 + c - c8] = dyf[g0 + k * C + c]
+                                    _taps_dot8(acc, c8, CB, xt, xrow + c8, sw * CB, toffs,
+                                               gt, 0, 8, OW, TAPS)
+                            else:
+                                for g in range(0, cv, 8):
+                                    _taps_dot8(acc, g, CB, xt, xrow + g, sw * CB, toffs, gt,
+                                               (oh - o0) * OW * CB + g, CB, OW, TAPS)
+                # finite operands give finite sums (padding products are exact zeros);
+                # a channel whose sums are not finite is summed again by the direct loop,
+                # which skips the padding (checked once per job: per image it cost a tenth
+                # of the time on 7x7 maps)
+                _lane_checks(acc, chk, cb, KT, CB)
                 for c in range(cb):
-                    check = one[c] * 0
+                    if chk[c] == 0:
+                        continue
                     for t in range(KT):
-                        check += one[t * CB + c] * 0
-                    if check == 0:
-                        for t in range(KT):
-                            acc[t * CB + c] += one[t * CB + c]
-                    else:
+                        acc[t * CB + c] = 0
+                    for n in range(p * N // P, (p + 1) * N // P):
                         direct[:] = 0
-                        _bfil_direct(x[n, c0 + c], dy[n, c0 + c], direct, KH_, KW_,
-                                     sh, sw, rh, rw, ph, pw)
+                        xs = x[n, :, :, c0 + c] if CL else x[n, c0 + c]
+                        gs = dy[n, :, :, c0 + c] if CL else dy[n, c0 + c]
+                        _bfil_direct(xs, gs, direct, KH_, KW_, sh, sw, rh, rw, ph, pw)
                         for t in range(KT):
                             acc[t * CB + c] += direct[t]
-            for kh in range(KH_):
-                for kw in range(KW_):
-                    for c in range(cb):
-                        parts[p, kh, kw, c0 + c] = acc[(kh * KW_ + kw) * CB + c]
+                for kh in range(KH_):
+                    for kw in range(KW_):
+                        for c in range(cb):
+                            parts[p, kh, kw, c0 + c] = acc[(kh * KW_ + kw) * CB + c]
 
     return correlate, backprop_filter
 
 
 class TileKernels:
-    """The tile kernels for one window shape and one tile width: ``correlate``
+    """The tile kernels for one window shape, tile width and layout: ``correlate``
     (forward and input gradient) and ``backprop_filter``."""
 
-    def __init__(self, KH, KW, CB):
-        self.correlate, self.backprop_filter = _build(KH, KW, CB)
+    def __init__(self, KH, KW, CB, CL):
+        self.correlate, self.backprop_filter = _build(KH, KW, CB, CL)
 
 
 _sets = {}
 
 
-def kernels(KH, KW, CB):
-    """The tile kernels for a KH x KW window of ``WINDOWS`` on tiles of ``CB`` channels."""
-    key = (KH, KW, CB)
+def kernels(KH, KW, CB, CL=False):
+    """The tile kernels for a KH x KW window of ``WINDOWS`` on tiles of ``CB``
+    channels, for channels-last (``CL``) or channels-first arrays."""
+    key = (KH, KW, CB, bool(CL))
     if key not in _sets:
         _sets[key] = TileKernels(*key)
     return _sets[key]
@@ -296,4 +398,4 @@ def kernels(KH, KW, CB):
 
 def for_plan(plan, CB):
     """The tile kernels serving ``plan`` with tiles of ``CB`` channels."""
-    return kernels(plan.kernel[1], plan.kernel[2], CB)
+    return kernels(plan.kernel[1], plan.kernel[2], CB, plan.channels_last)
