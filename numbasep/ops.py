@@ -19,12 +19,7 @@ def _out(be, out, shape, dtype, name="out"):
     """Check a caller-supplied result array; ``None`` means "allocate one"."""
     if out is None:
         return None
-    try:
-        native = be.check_out(out, name)
-    except ValueError as e:   # e.g. a read-only out: still an invalid argument (SPEC §4)
-        if isinstance(e, InvalidArgumentError):
-            raise
-        raise InvalidArgumentError(str(e)) from None
+    native = _native_out(be, out, name)
     got = be.shape(native)
     if got != tuple(shape):
         raise InvalidArgumentError(f"{name} must have shape {tuple(shape)}, got {got}")
@@ -32,6 +27,16 @@ def _out(be, out, shape, dtype, name="out"):
     if dt != dtype:
         raise TypeError(f"{name} must have dtype {dtype.name}, got {dt.name}")
     return native
+
+
+def _native_out(be, out, name):
+    """``out`` as the backend's array, if the backend can write it."""
+    try:
+        return be.check_out(out, name)
+    except ValueError as e:   # e.g. a read-only out: still an invalid argument (SPEC §4)
+        if isinstance(e, InvalidArgumentError):
+            raise
+        raise InvalidArgumentError(str(e)) from None
 
 
 def _outs(out, count):
@@ -121,20 +126,23 @@ _FAST_MAX = 512
 
 def _fast_key(op, attrs, arrays):
     key = [op, config._image_data_format, shapes.max_bytes_setting()]
+    plain, uncacheable = shapes._plain, shapes._UNCACHEABLE
     for a in attrs:
-        k = shapes._plain(a)
-        if k is shapes._UNCACHEABLE:
+        k = plain(a)
+        if k is uncacheable:
             return None
         key.append(k)
     for a in arrays:
         if a is None:
             key.append(None)
             continue
-        shape = getattr(a, "shape", None)
-        strides = getattr(a, "strides", None)
+        try:
+            shape, strides, dtype = a.shape, a.strides, a.dtype
+        except AttributeError:
+            return None
         if type(shape) is not tuple or type(strides) is not tuple:
             return None
-        key += (type(a), shape, strides, getattr(a, "dtype", None))
+        key += (type(a), shape, strides, dtype)
     return tuple(key)
 
 
@@ -142,20 +150,25 @@ def _cached(key):
     return _FAST.get(key) if key is not None else None
 
 
-def _rerun(hit, method, named, out, result_shape, like):
-    """Run a call whose checks an identical earlier call passed: ``hit`` is that call's
-    (backend, plan); ``named`` the array arguments in the primitive's order."""
-    be, plan = hit
-    arrays = [be.prepare(a, name) for name, a in named]
-    o = _out(be, out, getattr(plan, result_shape), plan.dtype)
-    return be.wrap(getattr(be, method)(plan, *arrays, o), like)
+def _rerun(hit, named, out, like):
+    """Run a call whose checks an identical earlier call passed: ``hit`` is what
+    :func:`_remember` kept; ``named`` the array arguments in the primitive's order.
+    ``out``'s type, shape, strides and dtype are part of the call's key, so only
+    what the key does not hold (e.g. whether it is writeable) is checked again."""
+    be, run = hit
+    prepare = be.prepare
+    arrays = [prepare(a, name) for name, a in named]
+    o = None if out is None else _native_out(be, out, "out")
+    return be.wrap(run(*arrays, o), like)
 
 
-def _remember(key, value):
+def _remember(key, be, plan, method, arrays, out):
+    """Keep, for calls with this key, the backend and its primitive ``method``
+    bound to ``plan`` for arrays like ``arrays`` and ``out`` (``Backend.bind``)."""
     if key is not None:
         if len(_FAST) >= _FAST_MAX:
             _FAST.clear()
-        _FAST[key] = value
+        _FAST[key] = (be, be.bind(method, plan, arrays, out))
 
 
 # ------------------------------------------------------------------ TensorFlow family
@@ -212,8 +225,7 @@ def depthwise_conv2d_native(input, filter, strides, padding, explicit_paddings=(
                     (input, filter, out))
     hit = _cached(key)
     if hit is not None:
-        return _rerun(hit, "depthwise_forward", (("input", input), ("filter", filter)), out,
-                      "output_shape", input)
+        return _rerun(hit, (("input", input), ("filter", filter)), out, input)
     be, (x, w) = backends.select(input=input, filter=filter)
     plan = shapes.raw_forward(be.shape(x), be.shape(w), strides, padding,
                               explicit_paddings, data_format, dilations)
@@ -221,7 +233,7 @@ def depthwise_conv2d_native(input, filter, strides, padding, explicit_paddings=(
     o = _out(be, out, plan.output_shape, plan.dtype)
     _check_memory(be, plan, [("the output", plan.output_shape, o is not None, True)],
                   (("input", x), ("filter", w)), "input, filter, " + _RAW_ATTRS)
-    _remember(key, (be, plan))
+    _remember(key, be, plan, "depthwise_forward", (x, w), o)
     return be.wrap(be.depthwise_forward(plan, x, w, o), input)
 
 
@@ -269,8 +281,7 @@ def depthwise_conv2d_native_backprop_input(input_sizes, filter, out_backprop, st
                             dilations), (filter, out_backprop, out))
     hit = _cached(key)
     if hit is not None:
-        return _rerun(hit, "depthwise_backprop_input",
-                      (("out_backprop", out_backprop), ("filter", filter)), out, "input_shape",
+        return _rerun(hit, (("out_backprop", out_backprop), ("filter", filter)), out,
                       out_backprop)
     be, (w, dy) = backends.select(filter=filter, out_backprop=out_backprop)
     plan = shapes.raw_backprop_input(input_sizes, be.shape(w), be.shape(dy), strides, padding,
@@ -280,7 +291,7 @@ def depthwise_conv2d_native_backprop_input(input_sizes, filter, out_backprop, st
     _check_memory(be, plan, [("the input gradient", plan.input_shape, o is not None, True)],
                   (("filter", w), ("out_backprop", dy)),
                   "input_sizes, filter, out_backprop, " + _RAW_ATTRS)
-    _remember(key, (be, plan))
+    _remember(key, be, plan, "depthwise_backprop_input", (dy, w), o)
     return be.wrap(be.depthwise_backprop_input(plan, dy, w, o), out_backprop)
 
 
@@ -328,9 +339,7 @@ def depthwise_conv2d_native_backprop_filter(input, filter_sizes, out_backprop, s
                              dilations), (input, out_backprop, out))
     hit = _cached(key)
     if hit is not None:
-        return _rerun(hit, "depthwise_backprop_filter",
-                      (("input", input), ("out_backprop", out_backprop)), out, "filter_shape",
-                      input)
+        return _rerun(hit, (("input", input), ("out_backprop", out_backprop)), out, input)
     be, (x, dy) = backends.select(input=input, out_backprop=out_backprop)
     plan = shapes.raw_backprop_filter(be.shape(x), filter_sizes, be.shape(dy), strides,
                                       padding, explicit_paddings, data_format, dilations)
@@ -339,7 +348,7 @@ def depthwise_conv2d_native_backprop_filter(input, filter_sizes, out_backprop, s
     _check_memory(be, plan, [("the filter gradient", plan.filter_shape, o is not None, False)],
                   (("input", x), ("out_backprop", dy)),
                   "filter_sizes, input, out_backprop, " + _RAW_ATTRS, filter_grad=True)
-    _remember(key, (be, plan))
+    _remember(key, be, plan, "depthwise_backprop_filter", (x, dy), o)
     return be.wrap(be.depthwise_backprop_filter(plan, x, dy, o), input)
 
 
@@ -385,15 +394,14 @@ def depthwise_conv(inputs, kernel, strides=1, padding="valid", data_format=None,
                     (inputs, kernel, out))
     hit = _cached(key)
     if hit is not None:
-        return _rerun(hit, "depthwise_forward", (("inputs", inputs), ("kernel", kernel)), out,
-                      "output_shape", inputs)
+        return _rerun(hit, (("inputs", inputs), ("kernel", kernel)), out, inputs)
     be, (x, w) = backends.select(inputs=inputs, kernel=kernel)
     plan = shapes.keras(be.shape(x), be.shape(w), strides, padding, data_format, dilation_rate)
     plan = plan.with_dtype(_dtype(be, (("inputs", x), ("kernel", w))))
     o = _out(be, out, plan.output_shape, plan.dtype)
     _check_memory(be, plan, [("the output", plan.output_shape, o is not None, True)],
                   (("inputs", x), ("kernel", w)), "inputs, kernel, " + _KERAS_ATTRS)
-    _remember(key, (be, plan))
+    _remember(key, be, plan, "depthwise_forward", (x, w), o)
     return be.wrap(be.depthwise_forward(plan, x, w, o), inputs)
 
 

@@ -22,6 +22,7 @@ INT64_MAX = 2**63 - 1
 _RAW_FORMATS = {"NHWC": (0, 3, (1, 2)), "NCHW": (0, 1, (2, 3))}
 _RAW_PADDINGS = ("SAME", "VALID", "EXPLICIT")
 _KERAS_FORMATS = ("channels_last", "channels_first")
+_UNSET = object()      # a memo not computed yet (None is a value a memo may hold)
 
 
 class Plan:
@@ -69,14 +70,14 @@ class Plan:
         self._typed = None
         self._derived = None
 
-    def _memo(self, name, make):
-        """A derived value, computed once per plan (plans never change)."""
+    def _memo(self, name, make, *args):
+        """A derived value, ``make(*args)``, computed once per plan (plans never change)."""
         d = self._derived
         if d is None:
             d = self._derived = {}
-        v = d.get(name)
-        if v is None:
-            v = d[name] = make()
+        v = d.get(name, _UNSET)
+        if v is _UNSET:
+            v = d[name] = make(*args)
         return v
 
     def _layout(self, spatial, channels, ndim):

@@ -6,6 +6,17 @@ import numpy as np
 import numbasep
 
 
+def route_afresh(monkeypatch):
+    """Make the CPU driver decide each call's kernel again instead of reusing the
+    decision kept on the plan or bound to a repeated call, so that a test's patched
+    routing functions apply (and its spies see every decision)."""
+    from numbasep import ops
+    from numbasep.backends.cpu import driver
+    monkeypatch.setattr(driver, "_route", lambda plan, name, decide: decide(plan))
+    monkeypatch.setattr(driver, "_direct", lambda *args: None)
+    monkeypatch.setattr(ops, "_FAST", {})
+
+
 def cuda_missing():
     """None when the CUDA backend loads (a GPU or numba's simulator), else why not."""
     try:

@@ -44,6 +44,7 @@ def _taken(monkeypatch):
         seen.append(ok)
         return ok
     monkeypatch.setattr(driver, "_by_planes", spy)
+    support.route_afresh(monkeypatch)
     return seen
 
 

@@ -45,6 +45,7 @@ def route(monkeypatch):
             seen.append(ok)
             return width if ok else 0
         monkeypatch.setattr(driver, "_tile_width", tile_width)
+        support.route_afresh(monkeypatch)
         return seen
     return set_route
 
@@ -113,6 +114,7 @@ def test_which_problems_the_tile_kernels_take(monkeypatch):
         seen.append(width)
         return width
     monkeypatch.setattr(driver, "_tile_width", spy)
+    support.route_afresh(monkeypatch)
     w = np.ones((3, 3, 16, 1), np.float32)
 
     def widths(shape, strides, data_format="NCHW"):

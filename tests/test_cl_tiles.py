@@ -50,6 +50,7 @@ def route(monkeypatch):
             seen.append(ok)
             return tiles.WIDE if ok else 0
         monkeypatch.setattr(driver, "_filter_tile_width", width)
+        support.route_afresh(monkeypatch)
         return seen
     return set_route
 
@@ -114,6 +115,7 @@ def test_which_problems_the_tile_kernels_take(monkeypatch):
             seen.append(width)
         return width
     monkeypatch.setattr(driver, "_filter_tile_width", spy)
+    support.route_afresh(monkeypatch)
 
     def widths(shape, window, strides=(1, 1, 1, 1), dtype=np.float32, dilations=(1, 1, 1, 1)):
         seen.clear()

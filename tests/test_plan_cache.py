@@ -167,3 +167,63 @@ def test_the_default_data_format_is_part_of_the_key(empty_fast):
         config.set_image_data_format("channels_last")
     with pytest.raises(numbasep.InvalidArgumentError):
         numbasep.depthwise_conv(x, k)
+
+
+def test_the_cpu_kernel_choice_is_made_once_per_plan(empty_fast, monkeypatch):
+    from numbasep.backends.cpu import driver
+    decided = []
+    real = driver._filter_gradient_route
+
+    def spy(plan):
+        decided.append(plan)
+        return real(plan)
+    monkeypatch.setattr(driver, "_filter_gradient_route", spy)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 7, 7, 5)).astype(np.float32)
+    dy = rng.standard_normal((3, 7, 7, 5)).astype(np.float32)
+    grads = [numbasep.depthwise_conv2d_native_backprop_filter(
+        a, [3, 3, 5, 1], dy, [1, 1, 1, 1], "SAME") for a in (x, x, x.copy(), x[:, ::-1])]
+    assert len(decided) == 1          # the strided view: another key, the same plan
+    for g in grads[1:3]:
+        np.testing.assert_array_equal(g, grads[0])
+    assert not np.array_equal(grads[3], grads[0])
+
+
+def _three_ops(layout):
+    s = [1, 1, 1, 1]
+    return {
+        "fwd": lambda x, w, dy, out=None: numbasep.depthwise_conv2d_native(
+            x, w, s, "SAME", data_format=layout, out=out),
+        "bin": lambda x, w, dy, out=None: numbasep.depthwise_conv2d_native_backprop_input(
+            list(x.shape), w, dy, s, "SAME", data_format=layout, out=out),
+        "bfil": lambda x, w, dy, out=None: numbasep.depthwise_conv2d_native_backprop_filter(
+            x, list(w.shape), dy, s, "SAME", data_format=layout, out=out),
+    }
+
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("n", [1, 3])           # one partial filter, or several
+@pytest.mark.parametrize("with_out", [False, True])
+def test_a_repeated_call_bound_to_its_kernel_gives_the_general_paths_result(
+        empty_fast, layout, dtype, n, with_out):
+    """The second call runs what ``Backend.bind`` kept: for contiguous float32 and
+    float64 NumPy arrays the kernel itself; the results must not change."""
+    rng = np.random.default_rng(2)
+    shape = (n, 6, 5, 9) if layout == "NHWC" else (n, 9, 6, 5)
+    x = rng.standard_normal(shape).astype(dtype)
+    w = rng.standard_normal((3, 3, 9, 1)).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    for name, op in _three_ops(layout).items():
+        like = w if name == "bfil" else x
+        outs = [np.full_like(like, np.nan) if with_out else None for _ in range(3)]
+        first = op(x, w, dy, out=outs[0])
+        (run,) = [hit[1] for key, hit in ops._FAST.items() if key[0] == name]
+        direct = run.__qualname__.startswith("_direct.")
+        assert direct == (dtype != np.float16), (name, run.__qualname__)
+        for out in outs[1:]:
+            again = op(x, w, dy, out=out)
+            assert again.dtype == dtype and again.shape == like.shape
+            assert out is None or again is out
+            np.testing.assert_array_equal(again, first)
+        assert first is not again

@@ -44,6 +44,15 @@ class Backend:
         operators' memory check counts itself)."""
         return 0
 
+    def bind(self, method, plan, arrays, out):
+        """A callable ``run(*arrays, out)`` computing the primitive ``method`` on
+        ``plan``, for the operators' repeated-call path: later calls pass arrays of
+        the same types, shapes, strides and dtypes as ``arrays`` and ``out`` (None
+        or a checked result array), so a backend may decide once here what does not
+        change between such calls. The default decides nothing."""
+        primitive = getattr(self, method)
+        return lambda *args: primitive(plan, *args)
+
     # -- primitives ---------------------------------------------------------------
     def depthwise_forward(self, plan, x, w, out=None, wide=False):
         raise NotImplementedError

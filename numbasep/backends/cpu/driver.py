@@ -23,8 +23,9 @@ def _params(plan):
     return plan.strides + plan.dilations + plan.pads
 
 
-def _compute(a):
-    """``a`` as the kernels take it: C-contiguous, read-only, float32 or float64.
+def _compute(a, shape=None):
+    """``a`` as the kernels take it: C-contiguous, read-only, float32 or float64,
+    viewed with ``shape`` when given.
 
     Each kernel is compiled for exactly this array type (one signature per dtype),
     so a strided or read-only argument never triggers another compilation. The
@@ -36,7 +37,13 @@ def _compute(a):
         a = halves.widen(np.ascontiguousarray(a))
     elif not a.flags.c_contiguous:
         a = np.ascontiguousarray(a)
-    v = a.view()                 # (setflags on a view: the cheapest form, per call)
+    return _read_only(a, shape)
+
+
+def _read_only(a, shape=None):
+    """A read-only view of ``a``, shaped ``shape`` when given (a new view either way:
+    reshape never returns ``a`` itself, so the caller's array keeps its flags)."""
+    v = a.view() if shape is None else a.reshape(shape)
     v.setflags(write=False)
     return v
 
@@ -220,16 +227,9 @@ def _filter_tile_width(plan):
     0.86; 14x14x384 N=8 0.85; 14x14x576 N=8 0.86; 7x7x1152 5x5 N=8 0.70; at
     19x19x728 N=8 1.31 (N=1 0.91), and on 28x28 maps even. Their forward and input
     gradient measured even with the row kernels (0.87-1.26), and stay there;
-    float64 stays there too, which spares CI the compilations.
-
-    Computed once per plan: the decision took 3 us, a third of a small call's
-    budget."""
+    float64 stays there too, which spares CI the compilations."""
     if not plan.channels_last:
         return _tile_width(plan)
-    return plan._memo("filter_tiles", lambda: _channels_last_filter_tiles(plan))
-
-
-def _channels_last_filter_tiles(plan):
     if (not _flat(plan) or dtypes.accumulator(plan.dtype) != _F32
             or plan.strides[1:] != (1, 1)):
         return 0
@@ -252,12 +252,12 @@ def _correlate_params(plan, adjoint):
     return _tile_params(plan) + (adjoint,)
 
 
-def _planes(plan, a, sizes, channels):
-    """A canonical array as the plane and tile kernels' (N, C, H, W), or (N, H, W,
-    C) when channels-last."""
+def _plane_shape(plan, sizes):
+    """The plane and tile kernels' (N, C, H, W) view of a canonical array of spatial
+    ``sizes``, or (N, H, W, C) when channels-last."""
     if plan.channels_last:
-        return a.reshape(plan.batch, sizes[1], sizes[2], channels)
-    return a.reshape(plan.batch, channels, sizes[1], sizes[2])
+        return (plan.batch, sizes[1], sizes[2], plan.channels)
+    return (plan.batch, plan.channels, sizes[1], sizes[2])
 
 
 def _plane_params(plan):
@@ -265,16 +265,164 @@ def _plane_params(plan):
             plan.pads[1], plan.pads[2], planes.plane_channels(plan.in_sizes[1] * plan.in_sizes[2]))
 
 
-def _on_planes(kern, params, plan, data, data_sizes, w, shape, sizes, out, wide):
-    """Forward or input gradient on the plane or tile kernels: ``data`` (spatial
-    ``data_sizes``) and the filter in, a result of ``shape`` (spatial ``sizes``) out."""
+# -- routing: which kernel computes a plan's primitive, decided once per plan
+
+class _Launch:
+    """A primitive as the routing chose to compute it: the kernel, the shapes the
+    operands are viewed with (in the kernel's argument order) and its scalar
+    arguments.
+
+    Decided once per plan and kept on it (:func:`_route`): re-deciding took
+    several microseconds of a small call's budget."""
+
+    __slots__ = ("kern", "shapes", "params")
+
+    def __init__(self, kern, shapes, params):
+        self.kern, self.shapes, self.params = kern, shapes, params
+
+
+def _route(plan, name, decide):
+    """``decide(plan)``, computed once per plan. (Tests that patch the routing
+    functions patch this to decide afresh.)"""
+    return plan._memo(name, decide, plan)
+
+
+def _correlation(plan, adjoint):
+    """How the forward (or, ``adjoint``, the input gradient) of a depth-multiplier-1
+    plan runs: a :class:`_Launch` taking (data, filter, result), or None when it
+    runs channels-last between transposes."""
+    data, res = (plan.out_sizes, plan.in_sizes) if adjoint else (plan.in_sizes, plan.out_sizes)
+    width = _tile_width(plan, adjoint)
+    if width or _by_planes(plan):
+        if width:
+            kern, params = tiles.for_plan(plan, width).correlate, _correlate_params(plan, adjoint)
+        else:
+            kern = planes.backprop_input if adjoint else planes.forward
+            params = _plane_params(plan)
+        taps = (plan.kernel[1], plan.kernel[2], plan.channels)
+        return _Launch(kern, (_plane_shape(plan, data), taps, _plane_shape(plan, res)), params)
+    if _transpose_pays(plan):
+        return None
+    ks = kernels.for_plan(plan)
+    five = (plan.input_shape5, plan.output_shape5)
+    if adjoint:
+        kern = ks.backprop_input_cl if plan.channels_last else ks.backprop_input_cf
+        five = five[::-1]
+    else:
+        kern = ks.forward_cl if plan.channels_last else ks.forward_cf
+    return _Launch(kern, (five[0], plan.filter_shape5, five[1]), _params(plan))
+
+
+def _forward_route(plan):
+    return _correlation(plan, False)
+
+
+def _input_gradient_route(plan):
+    return _correlation(plan, True)
+
+
+def _filter_gradient_route(plan):
+    """How the filter gradient of a depth-multiplier-1 plan runs: a
+    :class:`_Launch` taking (x, dy, partial sums) whose shapes are followed by the
+    partial sums' view for :func:`kernels.sum_partials`, or None when it runs
+    channels-last."""
+    if _transpose_pays(plan):
+        return None
+    width = _filter_tile_width(plan)
+    if width or _by_planes(plan):
+        kh, kw, c = plan.kernel[1], plan.kernel[2], plan.channels
+        chunks = kernels.partial_chunks(plan.batch, kh * kw * c)
+        if width:
+            kern, params = tiles.for_plan(plan, width).backprop_filter, _tile_params(plan)
+        else:
+            kern, params = planes.backprop_filter, _plane_params(plan)
+        return _Launch(kern, (_plane_shape(plan, plan.in_sizes),
+                              _plane_shape(plan, plan.out_sizes),
+                              (chunks, kh, kw, c), (chunks, 1, kh, kw, c, 1)), params)
+    ks = kernels.for_plan(plan)
+    if plan.channels_last:
+        kern = ks.backprop_filter_cl
+        rows = plan.batch * plan.out_sizes[0] * plan.out_sizes[1]
+    else:
+        kern = ks.backprop_filter_cf
+        rows = plan.batch
+    fsize = plan.kernel[0] * plan.kernel[1] * plan.kernel[2] * plan.channels * plan.multiplier
+    parts = (kernels.partial_chunks(rows, fsize),) + plan.filter_shape5
+    return _Launch(kern, (plan.input_shape5, plan.output_shape5, parts, parts), _params(plan))
+
+
+def _correlate(launch, plan, data, w, shape, out, wide):
+    """Run a forward or input-gradient :class:`_Launch`: a result of ``shape``."""
     buf, final = _result(plan, shape, out, wide)
     if not _nothing_to_do(buf, data, w):
-        c = plan.channels
-        _launch(kern, _planes(plan, _compute(data), data_sizes, c),
-                _compute(w).reshape(plan.kernel[1], plan.kernel[2], c),
-                _planes(plan, buf, sizes, c), *params)
+        _run_correlation(launch, data, w, buf)
     return _finish(plan, buf, final)
+
+
+def _run_correlation(launch, data, w, buf, operand=_compute):
+    """Launch a correlation into ``buf``; ``operand`` views (and where needed
+    converts) the two inputs for the kernel."""
+    ds, ws, rs = launch.shapes
+    _launch(launch.kern, operand(data, ds), operand(w, ws), buf.reshape(rs), *launch.params)
+
+
+def _run_filter_gradient(launch, plan, x, dy, buf, operand=_compute):
+    """Launch a filter gradient into ``buf`` (as :func:`_run_correlation`)."""
+    xs, ds, ps, sums = launch.shapes
+    if ps[0] == 1:
+        # one chunk: its partial sums are the gradient (summing them, a copy)
+        _launch(launch.kern, operand(x, xs), operand(dy, ds), buf.reshape(ps), *launch.params)
+    else:
+        parts = np.empty(ps, buf.dtype)
+        _launch(launch.kern, operand(x, xs), operand(dy, ds), parts, *launch.params)
+        _launch(kernels.sum_partials, parts.reshape(sums), buf.reshape(plan.filter_shape5))
+
+
+# primitive -> (route name, routing function, result shape attribute); the routing
+# functions are looked up when called, so that tests may patch them
+_DIRECT = {
+    "depthwise_forward": ("forward", lambda p: _forward_route(p), "output_shape"),
+    "depthwise_backprop_input": ("input_gradient", lambda p: _input_gradient_route(p),
+                                 "input_shape"),
+    "depthwise_backprop_filter": ("filter_gradient", lambda p: _filter_gradient_route(p),
+                                  "filter_shape"),
+}
+
+
+def _direct(method, plan, arrays, out):
+    """For the repeated-call path: a callable running a depth-multiplier-1 primitive
+    straight on its kernel, or None. It serves arrays like ``arrays`` and ``out``
+    (same types, shapes, strides and dtypes: what the operators' call key holds)
+    when they need no conversion: NumPy arrays in the accumulation dtype,
+    C-contiguous and not empty, and ``out`` None or as the kernel writes it. The
+    general path's per-call decisions (dtype widening, copies, result buffers,
+    routing) are then made once, here; on 7x7 maps they were a third of a call."""
+    spec = _DIRECT.get(method)
+    if spec is None or plan.multiplier != 1:
+        return None
+    name, decide, result = spec
+    acc = dtypes.accumulator(plan.dtype)
+    shape = getattr(plan, result)
+    for a in arrays + (() if out is None else (out,)):
+        if type(a) is not np.ndarray or a.dtype != acc or not a.flags.c_contiguous \
+                or a.size == 0:
+            return None
+    launch = _route(plan, name, decide)
+    if launch is None or 0 in shape:
+        return None
+    if name == "filter_gradient":
+        def direct(x, dy, out):
+            if out is None:
+                out = np.empty(shape, acc)
+            _run_filter_gradient(launch, plan, x, dy, out, _read_only)
+            return out
+    else:
+        def direct(data, w, out):
+            if out is None:
+                out = np.empty(shape, acc)
+            _run_correlation(launch, data, w, out, _read_only)
+            return out
+    return direct
 
 
 def _single_plan(plan):
@@ -361,6 +509,10 @@ class CPUBackend(base.Backend):
             raise ValueError(f"{argname} is read-only")
         return out
 
+    def bind(self, method, plan, arrays, out):
+        direct = _direct(method, plan, arrays, out)
+        return direct if direct is not None else super().bind(method, plan, arrays, out)
+
     # -- depthwise ------------------------------------------------------------------
     # Depth multipliers above 1: the multiplier-1 kernels on the input with each
     # channel repeated M times (1 thread, N=8, NHWC, M=2: 19x19x728 forward 54 ->
@@ -370,49 +522,21 @@ class CPUBackend(base.Backend):
             p1 = _single_plan(plan)
             return self.depthwise_forward(p1, _repeated(plan, x), w.reshape(p1.filter_shape),
                                           out, wide)
-        width = _tile_width(plan)
-        if width:
-            return _on_planes(tiles.for_plan(plan, width).correlate,
-                              _correlate_params(plan, False), plan,
-                              x, plan.in_sizes, w, plan.output_shape, plan.out_sizes, out, wide)
-        if _by_planes(plan):
-            return _on_planes(planes.forward, _plane_params(plan), plan, x, plan.in_sizes, w,
-                              plan.output_shape, plan.out_sizes, out, wide)
-        if _transpose_pays(plan):
+        launch = _route(plan, "forward", _forward_route)
+        if launch is None:
             res = self.depthwise_forward(_channels_last_plan(plan), _to_last(x), w, wide=True)
             return _back_to_first(plan if not wide else _wide_plan(plan), res, out)
-        buf, final = _result(plan, plan.output_shape, out, wide)
-        ks = kernels.for_plan(plan)
-        kern = ks.forward_cl if plan.channels_last else ks.forward_cf
-        if not _nothing_to_do(buf, x, w):
-            _launch(kern, _compute(x).reshape(plan.input_shape5),
-                    _compute(w).reshape(plan.filter_shape5), buf.reshape(plan.output_shape5),
-                    *_params(plan))
-        return _finish(plan, buf, final)
+        return _correlate(launch, plan, x, w, plan.output_shape, out, wide)
 
     def depthwise_backprop_input(self, plan, dy, w, out=None, wide=False):
         if plan.multiplier > 1:
             return self._sum_repeated(plan, dy, w, out, wide)
-        width = _tile_width(plan, adjoint=True)
-        if width:
-            return _on_planes(tiles.for_plan(plan, width).correlate,
-                              _correlate_params(plan, True), plan,
-                              dy, plan.out_sizes, w, plan.input_shape, plan.in_sizes, out, wide)
-        if _by_planes(plan):
-            return _on_planes(planes.backprop_input, _plane_params(plan), plan, dy,
-                              plan.out_sizes, w, plan.input_shape, plan.in_sizes, out, wide)
-        if _transpose_pays(plan):
+        launch = _route(plan, "input_gradient", _input_gradient_route)
+        if launch is None:
             res = self.depthwise_backprop_input(_channels_last_plan(plan), _to_last(dy), w,
                                                 wide=True)
             return _back_to_first(plan if not wide else _wide_plan(plan), res, out)
-        buf, final = _result(plan, plan.input_shape, out, wide)
-        ks = kernels.for_plan(plan)
-        kern = ks.backprop_input_cl if plan.channels_last else ks.backprop_input_cf
-        if not _nothing_to_do(buf, dy, w):
-            _launch(kern, _compute(dy).reshape(plan.output_shape5),
-                    _compute(w).reshape(plan.filter_shape5), buf.reshape(plan.input_shape5),
-                    *_params(plan))
-        return _finish(plan, buf, final)
+        return _correlate(launch, plan, dy, w, plan.input_shape, out, wide)
 
     def _sum_repeated(self, plan, dy, w, out, wide):
         """The input gradient with a depth multiplier: the gradient of the repeated
@@ -442,42 +566,13 @@ class CPUBackend(base.Backend):
                 return res
             out[...] = res
             return out
-        if _transpose_pays(plan):
+        launch = _route(plan, "filter_gradient", _filter_gradient_route)
+        if launch is None:
             return self.depthwise_backprop_filter(_channels_last_plan(plan), _to_last(x),
                                                   _to_last(dy), out, wide)
         buf, final = _result(plan, plan.filter_shape, out, wide)
-        if _nothing_to_do(buf, x, dy):
-            return _finish(plan, buf, final)
-        width = _filter_tile_width(plan)
-        if width or _by_planes(plan):
-            kh, kw, c = plan.kernel[1], plan.kernel[2], plan.channels
-            parts = np.empty((kernels.partial_chunks(plan.batch, kh * kw * c), kh, kw, c),
-                             buf.dtype)
-            if width:
-                kern = tiles.for_plan(plan, width).backprop_filter
-                params = _tile_params(plan)
-            else:
-                kern, params = planes.backprop_filter, _plane_params(plan)
-            _launch(kern, _planes(plan, _compute(x), plan.in_sizes, c),
-                    _planes(plan, _compute(dy), plan.out_sizes, c), parts, *params)
-            _launch(kernels.sum_partials, parts.reshape(parts.shape[0], 1, kh, kw, c, 1),
-                    buf.reshape(plan.filter_shape5))
-            return _finish(plan, buf, final)
-        x5 = _compute(x).reshape(plan.input_shape5)
-        dy5 = _compute(dy).reshape(plan.output_shape5)
-        n = plan.batch
-        ks = kernels.for_plan(plan)
-        if plan.channels_last:
-            kern = ks.backprop_filter_cl
-            rows = n * plan.out_sizes[0] * plan.out_sizes[1]
-        else:
-            kern = ks.backprop_filter_cf
-            rows = n
-        fsize = plan.kernel[0] * plan.kernel[1] * plan.kernel[2] * plan.channels * plan.multiplier
-        chunks = kernels.partial_chunks(rows, fsize)
-        parts = np.empty((chunks,) + plan.filter_shape5, buf.dtype)
-        _launch(kern, x5, dy5, parts, *_params(plan))
-        _launch(kernels.sum_partials, parts, buf.reshape(plan.filter_shape5))
+        if not _nothing_to_do(buf, x, dy):
+            _run_filter_gradient(launch, plan, x, dy, buf)
         return _finish(plan, buf, final)
 
     # -- pointwise (a GEMM through NumPy's BLAS) ------------------------------------
