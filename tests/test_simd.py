@@ -41,23 +41,26 @@ def test_deinterleave8_splits_even_and_odd(dtype):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n", [0, 1, 5])
-def test_taps_dot8_adds_each_taps_row_sum_to_its_accumulator(dtype, n):
+@pytest.mark.parametrize("m", [0, 1, 3])
+def test_taps_dot8_adds_each_taps_block_sum_to_its_accumulator(dtype, n, m):
     @numba.njit
-    def run(acc, a0, astep, x, s0, sstep, toffs, g, g0, gstep, n):
-        simd.taps_dot8(acc, a0, astep, x, s0, sstep, toffs, g, g0, gstep, n, 3)
+    def run(acc, a0, astep, x, s0, sstep, srow, toffs, g, g0, gstep, grow, n, m):
+        simd.taps_dot8(acc, a0, astep, x, s0, sstep, srow, toffs, g, g0, gstep, grow, n, m, 3)
 
     rng = np.random.default_rng(3)
-    x = rng.standard_normal(300).astype(dtype)
-    g = rng.standard_normal(100).astype(dtype)
+    x = rng.standard_normal(700).astype(dtype)
+    g = rng.standard_normal(400).astype(dtype)
     acc = rng.standard_normal(60).astype(dtype)
     before = acc.copy()
     toffs = np.array([0, 41, 17, 99], np.int64)        # the 4th is not a tap: unused
     want = acc.astype(np.float64)
     for t in range(3):
-        for k in range(n):
-            want[4 + t * 13:12 + t * 13] += (x[2 + k * 19 + toffs[t]:][:8].astype(np.float64)
-                                             * g[5 + k * 11:][:8])
-    run(acc, 4, 13, x, 2, 19, toffs, g, 5, 11, n)
+        for r in range(m):
+            for k in range(n):
+                xs = 2 + r * 151 + k * 19 + toffs[t]
+                gs = 5 + r * 97 + k * 11
+                want[4 + t * 13:12 + t * 13] += x[xs:xs + 8].astype(np.float64) * g[gs:gs + 8]
+    run(acc, 4, 13, x, 2, 19, 151, toffs, g, 5, 11, 97, n, m)
     np.testing.assert_allclose(acc, want, rtol=1e-5 if dtype == np.float32 else 1e-12)
     untouched = np.ones(60, bool)
     for t in range(3):
