@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import base
 from ... import dtypes
-from . import groups, halves, kernels, planes, tiles
+from . import groups, halves, kernels, lanes, planes, tiles
 
 
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
@@ -243,6 +243,32 @@ def _filter_tile_width(plan):
     return 0
 
 
+# Longest rows (the output's for the forward, the input's for the input gradient)
+# whose channels-last correlation runs on the lane kernels: pixels, and elements.
+_LANE_ROW = 28
+_LANE_ROW_ELEMS = 1 << 13
+
+
+def _by_lanes(plan, adjoint):
+    """Whether a channels-last forward (input gradient: ``adjoint``, stride 1 only)
+    runs on the lane kernels (:mod:`.lanes`): 1-D and 2-D, depth multiplier 1,
+    3x3 and 5x5 windows, a multiple of 8 channels, float32 sums, rows of at most
+    ``_LANE_ROW`` pixels and ``_LANE_ROW_ELEMS`` elements (32 KiB). 1 thread, N=8,
+    lane / row kernels alone, min of interleaved rounds, forward and input
+    gradient: 7x7x960 0.85 / 0.82-0.97; 14x14x384 0.94 / 0.88; 14x14x576
+    0.85-1.05 / 0.80-0.82; 28x28x192 0.82 / 0.92; 28x28x240 5x5 0.80 / 0.82;
+    7x7x1152 5x5 0.86-1.03 / 0.88-0.97. Longer rows stay on the row kernels:
+    19x19x728 1.08-1.15 / 0.91-1.11, 56x56x144 1.75 / 1.37. float64 stays there
+    too, which spares CI the compilations."""
+    if not (plan.channels_last and _flat(plan) and plan.kernel[1:] in lanes.WINDOWS
+            and plan.channels % 8 == 0 and dtypes.accumulator(plan.dtype) == _F32):
+        return False
+    if adjoint and plan.strides[1:] != (1, 1):
+        return False
+    row = plan.in_sizes[2] if adjoint else plan.out_sizes[2]
+    return row <= _LANE_ROW and row * plan.channels <= _LANE_ROW_ELEMS
+
+
 def _tile_params(plan):
     return (plan.strides[1], plan.strides[2], plan.dilations[1], plan.dilations[2],
             plan.pads[1], plan.pads[2], _TILE_BAND)
@@ -303,8 +329,14 @@ def _correlation(plan, adjoint):
         return _Launch(kern, (_plane_shape(plan, data), taps, _plane_shape(plan, res)), params)
     if _transpose_pays(plan):
         return None
-    ks = kernels.for_plan(plan)
     five = (plan.input_shape5, plan.output_shape5)
+    if _by_lanes(plan, adjoint):
+        lk = lanes.kernels(plan.kernel[1], plan.kernel[2])
+        kern = lk.backprop_input if adjoint else lk.forward
+        if adjoint:
+            five = five[::-1]
+        return _Launch(kern, (five[0], plan.filter_shape5, five[1]), _params(plan))
+    ks = kernels.for_plan(plan)
     if adjoint:
         kern = ks.backprop_input_cl if plan.channels_last else ks.backprop_input_cf
         five = five[::-1]

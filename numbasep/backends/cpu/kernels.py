@@ -130,6 +130,16 @@ def _fwd_cl_row(x, w, yrow, n, od, oh, o_lo, o_hi, sd, sh, sw, rd, rh, rw, pd, p
 
 
 @njit(inline="always")
+def _fwd_cl_sides(x, w, yrow, n, od, oh, a, b, sd, sh, sw, rd, rh, rw, pd, ph, pw):
+    """A channels-last output row's columns outside [a, b), whose interior is done:
+    zeroed, then summed by the generic helper (a = b = 0: the whole row)."""
+    yrow[:a, :] = 0
+    yrow[b:, :] = 0
+    _fwd_cl_row(x, w, yrow, n, od, oh, 0, a, sd, sh, sw, rd, rh, rw, pd, ph, pw)
+    _fwd_cl_row(x, w, yrow, n, od, oh, b, yrow.shape[0], sd, sh, sw, rd, rh, rw, pd, ph, pw)
+
+
+@njit(inline="always")
 def _fwd_cf_row(x, w, yrow, n, c, m, od, oh, o_lo, o_hi, sd, sh, sw, rd, rh, rw, pd, ph, pw):
     """Add every in-range tap into yrow[o_lo:o_hi] (channels-first, one channel)."""
     D, H, W = x.shape[2], x.shape[3], x.shape[4]
@@ -196,6 +206,15 @@ def _bin_cl_row(dy, w, dxrow, n, id_, ih, i_lo, i_hi, sd, sh, sw, rd, rh, rw, pd
                             for m in range(M):
                                 acc += dyrow[ow, c * M + m] * w[kd, kh, kw, c, m]
                             dxrow[iw, c] = acc
+
+
+@njit(inline="always")
+def _bin_cl_sides(dy, w, dxrow, n, id_, ih, a, b, sd, sh, sw, rd, rh, rw, pd, ph, pw):
+    """The input-gradient twin of :func:`_fwd_cl_sides`."""
+    dxrow[:a, :] = 0
+    dxrow[b:, :] = 0
+    _bin_cl_row(dy, w, dxrow, n, id_, ih, 0, a, sd, sh, sw, rd, rh, rw, pd, ph, pw)
+    _bin_cl_row(dy, w, dxrow, n, id_, ih, b, dxrow.shape[0], sd, sh, sw, rd, rh, rw, pd, ph, pw)
 
 
 @njit(inline="always")
@@ -438,13 +457,9 @@ def _build(KH, KW):
                                     acc += (x[n, id_, ih0 + kh * rh, iw0 + kw * rw, c]
                                             * w[0, kh, kw, c, 0])
                         yrow[ow, c] = acc
-                yrow[:a, :] = 0
-                yrow[b:, :] = 0
-                _fwd_cl_row(x, w, yrow, n, od, oh, 0, a, sd, sh, sw, rd, rh, rw, pd, ph, pw)
-                _fwd_cl_row(x, w, yrow, n, od, oh, b, OW, sd, sh, sw, rd, rh, rw, pd, ph, pw)
+                _fwd_cl_sides(x, w, yrow, n, od, oh, a, b, sd, sh, sw, rd, rh, rw, pd, ph, pw)
             else:
-                yrow[:, :] = 0
-                _fwd_cl_row(x, w, yrow, n, od, oh, 0, OW, sd, sh, sw, rd, rh, rw, pd, ph, pw)
+                _fwd_cl_sides(x, w, yrow, n, od, oh, 0, 0, sd, sh, sw, rd, rh, rw, pd, ph, pw)
 
     @njit(inline="always")
     def _fwd_cf_flat_unrolled(xp, w, yp, c, m, r0, r1, rh, rw, ph, pw):
@@ -551,13 +566,9 @@ def _build(KH, KW):
                                     acc += (dy[n, od, oh0 - kh * rh, ow0 - kw * rw, c]
                                             * w[0, kh, kw, c, 0])
                         dxrow[iw, c] = acc
-                dxrow[:a, :] = 0
-                dxrow[b:, :] = 0
-                _bin_cl_row(dy, w, dxrow, n, id_, ih, 0, a, sd, sh, sw, rd, rh, rw, pd, ph, pw)
-                _bin_cl_row(dy, w, dxrow, n, id_, ih, b, W, sd, sh, sw, rd, rh, rw, pd, ph, pw)
+                _bin_cl_sides(dy, w, dxrow, n, id_, ih, a, b, sd, sh, sw, rd, rh, rw, pd, ph, pw)
             else:
-                dxrow[:, :] = 0
-                _bin_cl_row(dy, w, dxrow, n, id_, ih, 0, W, sd, sh, sw, rd, rh, rw, pd, ph, pw)
+                _bin_cl_sides(dy, w, dxrow, n, id_, ih, 0, 0, sd, sh, sw, rd, rh, rw, pd, ph, pw)
 
     @njit(parallel=True, nogil=True, cache=True)
     def backprop_input_cf(dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):

@@ -1,0 +1,147 @@
+"""The channels-last forward and input gradient on the lane kernels
+(numbasep/backends/cpu/lanes.py).
+
+Channels-last float32 forwards and stride-1 input gradients of small maps, with
+3x3 or 5x5 windows and a multiple of 8 channels, compute each row's interior 8
+channels at a time across the row; rows whose window reaches past the top or the
+bottom of the map sum only the window rows inside it, and the side columns go
+through the generic helpers. The tests aim at what is theirs: every count of
+window rows cut off (paddings up to 4, dilations, maps shorter than the window),
+strided forwards, channel counts of one and several 8-lane groups, agreement
+with the row kernels to the bit, non-finite values next to the padding, and
+which problems they take. Routing is forced both ways, so that the row kernels
+keep their coverage of the same problems.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import numbasep
+from numbasep.backends.cpu import driver, lanes
+
+import support
+
+F = numbasep.depthwise_conv2d_native
+BI = numbasep.depthwise_conv2d_native_backprop_input
+
+
+@pytest.fixture
+def route(monkeypatch):
+    """route(True): every problem the lane kernels are built for (windows of
+    ``lanes.WINDOWS``, a multiple of 8 channels, float32, stride 1 for the input
+    gradient) goes to them, whatever its size; route(False): none does. Returns
+    the decisions taken."""
+    seen = []
+
+    def set_route(on):
+        def by_lanes(plan, adjoint):
+            ok = (on and plan.channels_last and driver._flat(plan)
+                  and plan.kernel[1:] in lanes.WINDOWS and plan.channels % 8 == 0
+                  and plan.dtype == np.float32
+                  and not (adjoint and plan.strides[1:] != (1, 1)))
+            seen.append(ok)
+            return ok
+        monkeypatch.setattr(driver, "_by_lanes", by_lanes)
+        support.route_afresh(monkeypatch)
+        return seen
+    return set_route
+
+
+@st.composite
+def problems(draw):
+    n = draw(st.integers(1, 2))
+    c = draw(st.sampled_from([8, 16, 24, 72]))
+    k = draw(st.sampled_from([3, 5]))
+    h, w = draw(st.integers(1, 12)), draw(st.integers(1, 12))
+    sh, sw = draw(st.sampled_from([(1, 1), (1, 1), (2, 2), (1, 3)]))
+    rh, rw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    attrs = support.draw_padding(draw, h, w, k, k, sh, sw, rh, rw)
+    ep = attrs["explicit_paddings"]
+    attrs = dict(attrs, data_format="NHWC", strides=[1, sh, sw, 1], dilations=[1, rh, rw, 1],
+                 explicit_paddings=[0, 0] + ep[4:] + [0, 0] if ep else [])
+    return (n, h, w, c), (k, k, c, 1), attrs
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["lanes", "rows"])
+@settings(max_examples=50, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(problem=problems())
+def test_forward_and_input_gradient_match_the_reference(route, on, problem):
+    seen = route(on)
+    seen.clear()
+    xs, fs, attrs = problem
+    support.assert_three_ops_match_the_reference(xs, fs, attrs, np.float32)
+    assert seen and any(seen) == on
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(problem=problems())
+def test_the_lanes_give_the_row_kernels_bits(route, problem):
+    """Same products, same order, unfused: the same floats as the row kernels."""
+    xs, fs, attrs = problem
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(fs).astype(np.float32)
+    got = {}
+    for on in (True, False):
+        route(on)
+        y = F(x, w, **attrs)
+        dy = np.cos(np.arange(y.size, dtype=np.float32)).reshape(y.shape)
+        got[on] = (y, BI(list(xs), w, dy, **attrs))
+    for a, b in zip(got[True], got[False]):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("where", ["x", "w"])
+@pytest.mark.parametrize("value", [np.inf, np.nan])
+def test_non_finite_values_propagate_as_in_the_row_kernels(route, where, value):
+    """The lanes never multiply the padding: an Inf weight or an Inf at the map's
+    corner gives exactly the row kernels' NaN/Inf pattern."""
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((2, 7, 6, 16)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 16, 1)).astype(np.float32)
+    if where == "x":
+        x[0, 0, 0, 3] = x[1, -1, -1, 15] = x[1, 3, 2, 8] = value
+    else:
+        w[0, 0, 3, 0] = w[2, 1, 9, 0] = value
+    attrs = dict(strides=[1, 1, 1, 1], padding="SAME")
+    dy = rng.standard_normal((2, 7, 6, 16)).astype(np.float32)
+    pairs = []
+    for on in (True, False):
+        seen = route(on)
+        seen.clear()
+        pairs.append((F(x, w, **attrs), BI(list(x.shape), w, dy, **attrs)))
+        assert seen and all(seen) == on
+    support.assert_same_non_finite_pattern(list(zip(pairs[0], pairs[1])))
+
+
+def test_which_problems_the_lane_kernels_take(monkeypatch):
+    seen = []
+    real = driver._by_lanes
+
+    def spy(plan, adjoint):
+        ok = real(plan, adjoint)
+        seen.append((adjoint, ok))
+        return ok
+    monkeypatch.setattr(driver, "_by_lanes", spy)
+    support.route_afresh(monkeypatch)
+
+    def taken(shape, k=3, strides=(1, 1, 1, 1), dtype=np.float32):
+        seen.clear()
+        x = np.ones(shape, dtype)
+        w = np.ones((k, k, shape[-1], 1), dtype)
+        y = F(x, w, list(strides), "SAME")
+        BI(list(shape), w, y, list(strides), "SAME")
+        return dict(seen)
+
+    assert taken((1, 7, 7, 960)) == {False: True, True: True}
+    assert taken((1, 28, 28, 240), k=5) == {False: True, True: True}
+    assert taken((1, 14, 14, 576)) == {False: True, True: True}
+    assert taken((1, 19, 19, 728)) == {False: False, True: False}    # 19 x 728: too long
+    assert taken((1, 56, 56, 16)) == {False: False, True: False}     # 56 pixels: too long
+    assert taken((1, 7, 7, 12)) == {False: False, True: False}       # not whole 8s
+    assert taken((1, 7, 7, 16), k=7) == {False: False, True: False}  # no 7x7 lanes
+    assert taken((1, 7, 7, 16), dtype=np.float64) == {False: False, True: False}
+    assert taken((1, 14, 14, 16), strides=(1, 2, 2, 1)) == {False: True, True: False}
