@@ -419,6 +419,50 @@ class KernelSet:
         self.__dict__.update(kernels)
 
 
+@njit(inline="always")
+def _fwd_cf_flat_unrolled(xp, w, yp, c, m, r0, r1, rh, rw, ph, pw, KH, KW):
+    # One pass with every tap in registers; positions where some tap would
+    # leave the plane are left for the border columns. KH and KW are the calling
+    # kernel's compile-time constants. Module level on purpose: a dispatcher held
+    # in a kernel factory's closure makes the cached kernel miss Numba's on-disk
+    # cache in every new process.
+    H, W = xp.shape
+    xf = xp.reshape(H * W)
+    yf = yp.reshape(yp.shape[0] * W)
+    lo = ph * W + pw
+    lo = lo if lo > r0 * W else r0 * W
+    hi = H * W - ((KH - 1) * rh - ph) * W - (KW - 1) * rw + pw
+    hi = hi if hi < r1 * W else r1 * W
+    base = -ph * W - pw
+    for i in range(lo, hi):
+        acc = xf[_u(i + base)] * w[0, 0, 0, c, m]
+        for kh in range(KH):
+            for kw in range(KW):
+                if kh + kw > 0:
+                    acc += xf[_u(i + base + kh * rh * W + kw * rw)] * w[0, kh, kw, c, m]
+        yf[_u(i)] = acc
+
+
+@njit(inline="always")
+def _bin_cf_flat_unrolled(dyp, w, dxp, c, r0, r1, rh, rw, ph, pw, KH, KW):
+    # Input-gradient twin of _fwd_cf_flat_unrolled (stride 1, M == 1).
+    OH, W = dyp.shape
+    dyf = dyp.reshape(OH * W)
+    dxf = dxp.reshape(dxp.shape[0] * W)
+    base = ph * W + pw
+    lo = (KH - 1) * rh * W + (KW - 1) * rw - base
+    lo = lo if lo > r0 * W else r0 * W
+    hi = OH * W - base
+    hi = hi if hi < r1 * W else r1 * W
+    for i in range(lo, hi):
+        acc = dyf[_u(i + base)] * w[0, 0, 0, c, 0]
+        for kh in range(KH):
+            for kw in range(KW):
+                if kh + kw > 0:
+                    acc += dyf[_u(i + base - kh * rh * W - kw * rw)] * w[0, kh, kw, c, 0]
+        dxf[_u(i)] = acc
+
+
 _sets = {}
 
 
@@ -461,45 +505,6 @@ def _build(KH, KW):
             else:
                 _fwd_cl_sides(x, w, yrow, n, od, oh, 0, 0, sd, sh, sw, rd, rh, rw, pd, ph, pw)
 
-    @njit(inline="always")
-    def _fwd_cf_flat_unrolled(xp, w, yp, c, m, r0, r1, rh, rw, ph, pw):
-        # One pass with every tap in registers; positions where some tap would
-        # leave the plane are left for the border columns.
-        H, W = xp.shape
-        xf = xp.reshape(H * W)
-        yf = yp.reshape(yp.shape[0] * W)
-        lo = ph * W + pw
-        lo = lo if lo > r0 * W else r0 * W
-        hi = H * W - ((KH - 1) * rh - ph) * W - (KW - 1) * rw + pw
-        hi = hi if hi < r1 * W else r1 * W
-        base = -ph * W - pw
-        for i in range(lo, hi):
-            acc = xf[_u(i + base)] * w[0, 0, 0, c, m]
-            for kh in range(KH):
-                for kw in range(KW):
-                    if kh + kw > 0:
-                        acc += xf[_u(i + base + kh * rh * W + kw * rw)] * w[0, kh, kw, c, m]
-            yf[_u(i)] = acc
-
-    @njit(inline="always")
-    def _bin_cf_flat_unrolled(dyp, w, dxp, c, r0, r1, rh, rw, ph, pw):
-        # Input-gradient twin of _fwd_cf_flat_unrolled (stride 1, M == 1).
-        OH, W = dyp.shape
-        dyf = dyp.reshape(OH * W)
-        dxf = dxp.reshape(dxp.shape[0] * W)
-        base = ph * W + pw
-        lo = (KH - 1) * rh * W + (KW - 1) * rw - base
-        lo = lo if lo > r0 * W else r0 * W
-        hi = OH * W - base
-        hi = hi if hi < r1 * W else r1 * W
-        for i in range(lo, hi):
-            acc = dyf[_u(i + base)] * w[0, 0, 0, c, 0]
-            for kh in range(KH):
-                for kw in range(KW):
-                    if kh + kw > 0:
-                        acc += dyf[_u(i + base - kh * rh * W - kw * rw)] * w[0, kh, kw, c, 0]
-            dxf[_u(i)] = acc
-
     @njit(parallel=True, nogil=True, cache=True)
     def forward_cf(x, w, y, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         N, C, D, H, W = x.shape
@@ -520,7 +525,8 @@ def _build(KH, KW):
                 if flat and 0 <= id_ < D and r0 < r1:
                     xp = x[n, c, id_]
                     if UNROLL:
-                        _fwd_cf_flat_unrolled(xp, w, y[n, k, od], c, m, r0, r1, rh, rw, ph, pw)
+                        _fwd_cf_flat_unrolled(xp, w, y[n, k, od], c, m, r0, r1, rh, rw, ph, pw,
+                                              KH, KW)
                     else:
                         _fwd_cf_flat(xp, w, y[n, k, od], c, m, r0, r1, rh, rw, ph, pw)
                     for oh in range(r0, r1):
@@ -597,7 +603,8 @@ def _build(KH, KW):
                 if flat and od < OD and r0 < r1:
                     dxp = dx[n, c, id_]
                     if UNROLL and M == 1:
-                        _bin_cf_flat_unrolled(dy[n, c, od], w, dxp, c, r0, r1, rh, rw, ph, pw)
+                        _bin_cf_flat_unrolled(dy[n, c, od], w, dxp, c, r0, r1, rh, rw, ph, pw,
+                                              KH, KW)
                     else:
                         for m in range(M):
                             _bin_cf_flat(dy[n, c * M + m, od], w, dxp, c, m, r0, r1, rh, rw,
