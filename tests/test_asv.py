@@ -21,9 +21,12 @@ pytestmark = pytest.mark.skipif(
     reason="asv needs the project's git repository")
 
 
-def _asv(*args, timeout=600):
+def _asv(*args, home=None, timeout=600):
+    env = dict(os.environ)
+    if home is not None:
+        env["HOME"] = str(home)
     return subprocess.run([sys.executable, "-m", "asv", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env=env)
 
 
 def test_asv_check_finds_no_problem():
@@ -32,9 +35,13 @@ def test_asv_check_finds_no_problem():
     assert "No problems found" in proc.stdout
 
 
-def test_asv_quick_dry_run_of_a_subset():
+def test_asv_quick_dry_run_of_a_subset(tmp_path):
+    # asv run needs a machine description (~/.asv-machine.json), which a fresh machine
+    # lacks: describe one under a throw-away HOME instead of writing to the user's.
+    proc = _asv("machine", "--yes", home=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     proc = _asv("run", "--python=same", "--quick", "--dry-run", "--show-stderr",
-                "--bench", r"bench_overhead\.SmallCall")
+                "--bench", r"bench_overhead\.SmallCall", home=tmp_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "failed" not in out.lower(), out
