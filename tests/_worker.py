@@ -361,6 +361,8 @@ def serve():
         # The simulator's block barriers poll under the GIL: a short switch
         # interval makes its kernels several times faster.
         sys.setswitchinterval(1e-4)
+        from simulator import make_shared_arrays_thread_safe
+        make_shared_arrays_thread_safe()
     import numbasep  # noqa: F401  (imported once, before the first case)
     while True:
         try:

@@ -2,7 +2,8 @@
 
 * The CUDA tests run on numba's CUDA simulator unless a GPU is present (or
   NUMBASEP_TEST_GPU=1 says to use the real device). The switch must be set
-  before numba is imported anywhere, hence here.
+  before numba is imported anywhere, hence here; so is the fix for the
+  simulator's racy shared-memory allocation (``tests/simulator.py``).
 * Hypothesis profiles: "ci" (the default: bounded so the whole suite stays within
   a few minutes on 2 cores) and "thorough" (HYPOTHESIS_PROFILE=thorough, for
   local runs).
@@ -20,6 +21,11 @@ def _gpu_present():
 
 if not _gpu_present():
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+
+if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+    from simulator import make_shared_arrays_thread_safe
+
+    make_shared_arrays_thread_safe()
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 
