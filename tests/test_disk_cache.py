@@ -1,0 +1,75 @@
+"""A new process loads the CPU kernels from Numba's on-disk cache instead of
+compiling them again (issue 5: "use Numba's cache so a new process does not
+recompile").
+
+The same workload runs in two fresh interpreters one after the other. The first
+compiles whatever the cache does not hold yet (in CI most of it is already there:
+earlier test modules ran the same kernels); the second must compile nothing: every
+numbasep dispatcher it used reports cache hits and no misses. A kernel whose cache
+key changes from process to process (for instance because its factory's closure
+holds another dispatcher) fails here by name.
+"""
+
+import json
+import subprocess
+import sys
+
+WORKLOAD = r"""
+import gc, json
+import numpy as np
+import ml_dtypes
+import numbasep as nb
+from numba.core.registry import CPUDispatcher
+
+rng = np.random.default_rng(0)
+
+def run(x_shape, k_shape, dtype, fmt, strides=1, padding="same", m=1):
+    x = rng.standard_normal(x_shape).astype(dtype)
+    k = rng.standard_normal(k_shape + (m,)).astype(dtype)
+    y = nb.depthwise_conv(x, k, strides, padding, fmt)
+    nb.depthwise_conv_grad(x, k, np.ones_like(y), strides, padding, fmt)
+
+# one problem per kernel family the CPU driver routes to
+run((2, 7, 7, 16), (3, 3, 16), np.float32, "channels_last")        # lanes, tiles
+run((1, 40, 40, 16), (3, 3, 16), np.float32, "channels_last")      # row kernels (3x3)
+run((1, 40, 40, 16), (3, 3, 16), np.float32, "channels_last", 2)   # strided rows
+run((2, 16, 12, 12), (3, 3, 16), np.float32, "channels_first")     # planes / tiles
+run((1, 4, 3, 20, 20), (1, 3, 3, 4), np.float32, "channels_first")  # 3-D rows (3x3)
+run((1, 3, 20, 20), (2, 2, 3), np.float64, "channels_first", m=2)  # generic rows, M=2
+run((1, 9, 9, 8), (3, 3, 8), np.float16, "channels_last")          # float16 widening
+run((1, 9, 9, 8), (3, 3, 8), ml_dtypes.bfloat16, "channels_last")  # bfloat16
+x = rng.standard_normal((1, 9, 9, 4)).astype(np.float32)
+nb.separable_conv_grad(x, rng.standard_normal((3, 3, 4, 2)).astype(np.float32),
+                       rng.standard_normal((1, 1, 8, 5)).astype(np.float32),
+                       np.ones((1, 9, 9, 5), np.float32), 1, "same")
+
+used = []
+for d in gc.get_objects():
+    if isinstance(d, CPUDispatcher) and d.py_func.__module__.startswith("numbasep"):
+        s = d.stats
+        hits, misses = sum(s.cache_hits.values()), sum(s.cache_misses.values())
+        if hits or misses:
+            used.append([d.py_func.__module__, d.py_func.__qualname__, hits, misses])
+print(json.dumps(used))
+"""
+
+
+def _run_workload():
+    proc = subprocess.run([sys.executable, "-c", WORKLOAD], capture_output=True, text=True,
+                          timeout=1200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_new_process_compiles_nothing_the_cache_holds():
+    first = _run_workload()
+    second = _run_workload()
+    modules = {module for module, _, _, _ in second}
+    for family in ("kernels", "lanes", "tiles", "planes", "halves", "groups"):
+        assert f"numbasep.backends.cpu.{family}" in modules, (family, sorted(modules))
+    names = {name for _, name, _, _ in second}
+    assert "_build.<locals>.forward_cf" in names and "_build.<locals>.forward_cl" in names, names
+    assert sorted(map(tuple, second)) and len(second) >= 10, (first, second)
+    recompiled = [(m, name, misses) for m, name, _, misses in second if misses]
+    assert not recompiled, f"compiled again in a new process: {recompiled}"
+    assert all(hits for _, _, hits, _ in second)
