@@ -5,6 +5,7 @@ The operators take NumPy arrays (computed by Numba on the CPU) or CUDA arrays
 compiles nothing and does not import the CUDA target.
 """
 
+from .backends import cpu as _cpu  # noqa: F401  (first: its OpenMP default must precede Numba's)
 from . import config, raw_ops
 from .errors import InvalidArgumentError
 from .ops import (
