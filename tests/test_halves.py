@@ -20,6 +20,16 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
 
 
+@pytest.fixture(autouse=True, params=["hardware", "software"])
+def half_path(request, monkeypatch):
+    """Every test runs on both float16 paths: the CPU's conversion instructions
+    (where it has them) and the table / branch-free software."""
+    if request.param == "hardware" and not halves.HARDWARE_HALF:
+        pytest.skip("this CPU has no half-precision conversion instructions")
+    monkeypatch.setattr(halves, "HARDWARE_HALF", request.param == "hardware")
+    return request.param
+
+
 def _bits32(values):
     return np.ascontiguousarray(values, np.float32).view(np.uint32)
 

@@ -30,6 +30,8 @@ problem only, never on the thread count, so results are bitwise reproducible.
 import numpy as np
 from numba import njit, prange
 
+from .halves import value as _val
+
 # Reductions over a contiguous run may be reassociated so that they vectorise;
 # NaN and Inf still propagate (no 'nnan' / 'ninf').
 _REDUCE_MATH = {"reassoc", "contract"}
@@ -119,12 +121,12 @@ def _fwd_cl_row(x, w, yrow, n, od, oh, o_lo, o_hi, sd, sh, sw, rd, rh, rw, pd, p
                     for ow in range(lo, hi):
                         iw = ow * sw + off
                         for c in range(C):
-                            yrow[ow, c] += xrow[iw, c] * w[kd, kh, kw, c, 0]
+                            yrow[ow, c] += _val(xrow[iw, c]) * w[kd, kh, kw, c, 0]
                 else:
                     for ow in range(lo, hi):
                         iw = ow * sw + off
                         for c in range(C):
-                            xv = xrow[iw, c]
+                            xv = _val(xrow[iw, c])
                             for m in range(M):
                                 yrow[ow, c * M + m] += xv * w[kd, kh, kw, c, m]
 
@@ -197,14 +199,14 @@ def _bin_cl_row(dy, w, dxrow, n, id_, ih, i_lo, i_hi, sd, sh, sw, rd, rh, rw, pd
                     for ow in range(lo, hi):
                         iw = ow * sw + off
                         for c in range(C):
-                            dxrow[iw, c] += dyrow[ow, c] * w[kd, kh, kw, c, 0]
+                            dxrow[iw, c] += _val(dyrow[ow, c]) * w[kd, kh, kw, c, 0]
                 else:
                     for ow in range(lo, hi):
                         iw = ow * sw + off
                         for c in range(C):
                             acc = dxrow[iw, c]
                             for m in range(M):
-                                acc += dyrow[ow, c * M + m] * w[kd, kh, kw, c, m]
+                                acc += _val(dyrow[ow, c * M + m]) * w[kd, kh, kw, c, m]
                             dxrow[iw, c] = acc
 
 
@@ -268,14 +270,14 @@ def _bfil_cl_row(x, dyrow, part, n, od, oh, o_lo, o_hi, sd, sh, sw, rd, rh, rw, 
                     for ow in range(lo, hi):
                         iw = ow * sw + off
                         for c in range(C):
-                            acc[c, 0] += xrow[iw, c] * dyrow[ow, c]
+                            acc[c, 0] += _val(xrow[iw, c]) * _val(dyrow[ow, c])
                 else:
                     for ow in range(lo, hi):
                         iw = ow * sw + off
                         for c in range(C):
-                            xv = xrow[iw, c]
+                            xv = _val(xrow[iw, c])
                             for m in range(M):
-                                acc[c, m] += xv * dyrow[ow, c * M + m]
+                                acc[c, m] += xv * _val(dyrow[ow, c * M + m])
 
 
 @njit(inline="always", fastmath=_REDUCE_MATH)
@@ -494,11 +496,11 @@ def _build(KH, KW):
                 for ow in range(a, b):
                     iw0 = ow * sw - pw
                     for c in range(C):
-                        acc = x[n, id_, ih0, iw0, c] * w[0, 0, 0, c, 0]
+                        acc = _val(x[n, id_, ih0, iw0, c]) * w[0, 0, 0, c, 0]
                         for kh in range(KH):
                             for kw in range(KW):
                                 if kh + kw > 0:
-                                    acc += (x[n, id_, ih0 + kh * rh, iw0 + kw * rw, c]
+                                    acc += (_val(x[n, id_, ih0 + kh * rh, iw0 + kw * rw, c])
                                             * w[0, kh, kw, c, 0])
                         yrow[ow, c] = acc
                 _fwd_cl_sides(x, w, yrow, n, od, oh, a, b, sd, sh, sw, rd, rh, rw, pd, ph, pw)
@@ -565,11 +567,11 @@ def _build(KH, KW):
                 for iw in range(a, b):
                     ow0 = iw + pw
                     for c in range(C):
-                        acc = dy[n, od, oh0, ow0, c] * w[0, 0, 0, c, 0]
+                        acc = _val(dy[n, od, oh0, ow0, c]) * w[0, 0, 0, c, 0]
                         for kh in range(KH):
                             for kw in range(KW):
                                 if kh + kw > 0:
-                                    acc += (dy[n, od, oh0 - kh * rh, ow0 - kw * rw, c]
+                                    acc += (_val(dy[n, od, oh0 - kh * rh, ow0 - kw * rw, c])
                                             * w[0, kh, kw, c, 0])
                         dxrow[iw, c] = acc
                 _bin_cl_sides(dy, w, dxrow, n, id_, ih, a, b, sd, sh, sw, rd, rh, rw, pd, ph, pw)
@@ -651,7 +653,7 @@ def _build(KH, KW):
                                 acc = part[0, kh, kw]
                                 iw = iw0 + kw * rw
                                 for c in range(C):
-                                    acc[c, 0] += xrow[iw, c] * dyrow[ow, c]
+                                    acc[c, 0] += _val(xrow[iw, c]) * _val(dyrow[ow, c])
                     _bfil_cl_row(x, dyrow, part, n, od, oh, 0, a,
                                  sd, sh, sw, rd, rh, rw, pd, ph, pw)
                     _bfil_cl_row(x, dyrow, part, n, od, oh, b, OW,

@@ -1,0 +1,51 @@
+"""Scratch buffers that one thread reuses from call to call.
+
+16-bit operands are widened to float32 before the kernels run, and 16-bit
+results are computed in float32 and rounded afterwards: per call, up to three
+temporaries the size of the data. Fresh ones each call meant fresh pages, and the
+page faults (and the kernel zeroing them) could cost more than the convolution:
+2 threads, 8x56x56x144 forward, bfloat16 11 ms a call with 892 page faults each,
+2.1 ms once the memory was reused. So each Python thread keeps one buffer per
+*slot* (the operand's role in the primitive: first input, second input, result)
+and hands out views of it.
+
+A view is valid until its thread asks for the same slot again; the CPU driver
+only gives scratch to temporaries that die before the primitive returns (widened
+operands, results that are rounded into another array), never to an array it
+returns. Buffers larger than :data:`KEEP_BYTES` are not kept.
+"""
+
+import threading
+
+import numpy as np
+
+#: Largest buffer (bytes) kept for reuse; a bigger temporary is allocated afresh.
+KEEP_BYTES = 32 << 20
+
+_local = threading.local()
+
+OPERAND_0, OPERAND_1, RESULT = 0, 1, 2
+
+
+def empty(slot, shape, dtype):
+    """An uninitialised C-contiguous array of ``shape`` and ``dtype`` from this
+    thread's buffer for ``slot`` (grown when too small)."""
+    dtype = np.dtype(dtype)
+    n = 1
+    for s in shape:
+        n *= s
+    nbytes = n * dtype.itemsize
+    if nbytes > KEEP_BYTES:
+        return np.empty(shape, dtype)
+    bufs = getattr(_local, "bufs", None)
+    if bufs is None:
+        bufs = _local.bufs = [None, None, None]
+    buf = bufs[slot]
+    if buf is None or buf.nbytes < nbytes:
+        buf = bufs[slot] = np.empty(max(nbytes, 64), np.uint8)
+    return buf[:nbytes].view(dtype).reshape(shape)
+
+
+def release():
+    """Drop this thread's buffers (they are kept until the thread ends otherwise)."""
+    _local.bufs = None

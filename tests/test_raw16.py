@@ -1,0 +1,122 @@
+"""16-bit operands read as bit patterns by the channels-last row kernels
+(``halves.value``; the driver's ``_Launch.raw16``, 2-D 3x3 and 5x5 windows):
+results bit for bit those of the widened-copy path, which test_keras_ops /
+test_raw_ops check against the float64 reference, on every op, stride, dilation,
+padding and multiplier; and the routes that take them."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import numbasep as nb
+import support
+from numbasep.backends.cpu import driver, halves
+
+import reference as ref
+
+DTYPES = [np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)]
+
+
+@pytest.fixture
+def row_kernels(monkeypatch):
+    """Route channels-last problems to the row kernels (not lanes or tiles), decided
+    afresh per call; returns a switch for the 16-bit bit-pattern path."""
+    monkeypatch.setattr(driver, "_by_lanes", lambda plan, adjoint: False)
+    monkeypatch.setattr(driver, "_filter_tile_width", lambda plan: 0)
+    monkeypatch.setattr(driver, "_tile_width", lambda plan, adjoint=False: 0)
+    support.route_afresh(monkeypatch)
+    seen = []
+    bits = halves.bits
+
+    def switch(raw):
+        def spy(a):
+            r = bits(a) if raw else None
+            seen.append(r is not None)
+            return r
+        monkeypatch.setattr(halves, "bits", spy)
+    switch.seen = seen
+    return switch
+
+
+def _all_ops(x, k, dy, kw):
+    y = nb.depthwise_conv(x, k, **kw)
+    gx, gk = nb.depthwise_conv_grad(x, k, dy, **kw)
+    return y, gx, gk
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float16", "bfloat16"])
+def test_bit_patterns_give_the_widened_results(row_kernels, dtype, data):
+    spatial = tuple(data.draw(st.integers(1, 9), label="size") for _ in range(2))
+    ks = data.draw(st.sampled_from([(3, 3), (5, 5)]), label="window")
+    c = data.draw(st.integers(1, 12), label="channels")
+    m = data.draw(st.sampled_from([1, 1, 2]), label="multiplier")
+    n = data.draw(st.integers(1, 2), label="batch")
+    padding = data.draw(st.sampled_from(["valid", "same"]), label="padding")
+    strided = data.draw(st.booleans(), label="strided")
+    strides = tuple(data.draw(st.integers(1, 3)) for _ in spatial) if strided else 1
+    dil = 1 if strided else tuple(data.draw(st.integers(1, 2)) for _ in spatial)
+    kw = dict(strides=strides, padding=padding, data_format="channels_last",
+              dilation_rate=dil)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16), label="seed"))
+    x = rng.uniform(-2, 2, (n, *spatial, c)).astype(dtype)
+    k = rng.uniform(-2, 2, (*ks, c, m)).astype(dtype)
+    try:
+        out_shape = nb.depthwise_conv(x, k, **kw).shape
+    except nb.InvalidArgumentError:
+        return            # e.g. a window larger than a "valid" input: refused either way
+    dy = rng.uniform(-2, 2, out_shape).astype(dtype)
+    row_kernels.seen.clear()
+    row_kernels(True)
+    raw = _all_ops(x, k, dy, kw)
+    used_bits = any(row_kernels.seen)
+    row_kernels(False)
+    wide = _all_ops(x, k, dy, kw)
+    if halves.HARDWARE_HALF or dtype != np.float16:
+        assert used_bits
+    for name, a, b in zip(("forward", "input gradient", "filter gradient"), raw, wide):
+        assert a.dtype == dtype and a.shape == b.shape, name
+        np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), name)
+    want = ref.keras_depthwise(x.astype(np.float64), k.astype(np.float64), **kw)
+    np.testing.assert_allclose(raw[0].astype(np.float64), want, rtol=0.1, atol=0.1 * c)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float16", "bfloat16"])
+def test_non_finite_values_read_from_bit_patterns(row_kernels, dtype):
+    x = np.ones((1, 6, 6, 4), dtype)
+    x[0, 2, 3, 1] = np.inf
+    x[0, 4, 0, 2] = np.nan
+    k = np.ones((3, 3, 4, 1), dtype)
+    row_kernels(True)
+    y = nb.depthwise_conv(x, k, 1, "same")
+    yf = y.astype(np.float32)
+    assert np.isposinf(yf[0, 1:4, 2:5, 1]).all() and np.isnan(yf[0, 3:6, 0:2, 2]).all()
+    assert np.isfinite(yf[0, :, :, [0, 3]]).all() and (yf[0, 2, 2, 0] == 9)
+
+
+def test_which_routes_read_bit_patterns():
+    """The channels-last row kernels do on 3x3 and 5x5 windows; other windows, the
+    channels-first kernels, planes, tiles and lanes take widened copies."""
+    x = np.zeros((1, 40, 40, 8), np.float16)
+    k = np.zeros((3, 3, 8, 1), np.float16)
+    plans = []
+    orig = driver._correlation
+
+    def spy(plan, adjoint):
+        r = orig(plan, adjoint)
+        plans.append((plan.channels_last, r.raw16 if r is not None else None))
+        return r
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(driver, "_correlation", spy)
+        support.route_afresh(mp)
+        nb.depthwise_conv(x, k, 1, "same", "channels_last")
+        nb.depthwise_conv(np.zeros((1, 8, 40, 40), np.float16), k, 1, "same", "channels_first")
+        nb.depthwise_conv(x, np.zeros((2, 2, 8, 1), np.float16), 1, "same", "channels_last")
+    finally:
+        mp.undo()
+    assert plans == [(True, True), (False, False), (True, False)]
