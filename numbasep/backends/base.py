@@ -72,9 +72,17 @@ class Backend:
     def pointwise_backprop_filter(self, plan, z, dout, out=None, wide=False):
         raise NotImplementedError
 
+    def intermediate(self, plan, which, shape):
+        """A buffer for a composition's intermediate ``which`` (0: the depthwise
+        output, 1: its gradient), of ``shape`` in the accumulation dtype, which dies
+        before the composition returns; or None to let the primitive allocate it.
+        Backends that can reuse memory from call to call override this."""
+        return None
+
     # -- compositions -------------------------------------------------------------
     def separable_forward(self, plan, x, dk, pk, out=None):
-        z = self.depthwise_forward(plan, x, dk, wide=True)
+        z = self.depthwise_forward(plan, x, dk, self.intermediate(plan, 0, plan.output_shape),
+                                   wide=True)
         return self.pointwise_forward(plan, z, pk, out)
 
     def depthwise_grad(self, plan, x, w, dy, dx_out=None, dw_out=None):
@@ -82,9 +90,12 @@ class Backend:
                 self.depthwise_backprop_filter(plan, x, dy, dw_out))
 
     def separable_grad(self, plan, x, dk, pk, dout, dx_out=None, ddk_out=None, dpk_out=None):
-        z = self.depthwise_forward(plan, x, dk, wide=True)
+        z = self.depthwise_forward(plan, x, dk, self.intermediate(plan, 0, plan.output_shape),
+                                   wide=True)
         dpk = self.pointwise_backprop_filter(plan, z, dout, dpk_out)
-        dz = self.pointwise_backprop_input(plan, dout, pk, wide=True)
+        dz = self.pointwise_backprop_input(plan, dout, pk,
+                                           self.intermediate(plan, 1, plan.output_shape),
+                                           wide=True)
         dx = self.depthwise_backprop_input(plan, dz, dk, dx_out)
         ddk = self.depthwise_backprop_filter(plan, x, dz, ddk_out)
         return dx, ddk, dpk

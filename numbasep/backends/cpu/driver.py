@@ -576,6 +576,14 @@ class CPUBackend(base.Backend):
             raise ValueError(f"{argname} is read-only")
         return out
 
+    def intermediate(self, plan, which, shape):
+        """This thread's scratch for the separable ops' depthwise output (0) and its
+        gradient (1). Fresh 14 MB intermediates cost 1,400-2,400 page faults per
+        gradient call (8x56x56x144 -> 24 filters, 2 threads: 16.0 ms with ``out=``,
+        26.6 ms without, against 12.4-12.8 ms and no faults reusing them)."""
+        slot = scratch.INTERMEDIATE_0 if which == 0 else scratch.INTERMEDIATE_1
+        return scratch.empty(slot, shape, dtypes.accumulator(plan.dtype))
+
     def bind(self, method, plan, arrays, out):
         direct = _direct(method, plan, arrays, out)
         return direct if direct is not None else super().bind(method, plan, arrays, out)

@@ -6,13 +6,13 @@ temporaries the size of the data. Fresh ones each call meant fresh pages, and th
 page faults (and the kernel zeroing them) could cost more than the convolution:
 2 threads, 8x56x56x144 forward, bfloat16 11 ms a call with 892 page faults each,
 2.1 ms once the memory was reused. So each Python thread keeps one buffer per
-*slot* (the operand's role in the primitive: first input, second input, result)
-and hands out views of it.
+*slot* (the operand's role in the primitive: first input, second input, result;
+or a composition's intermediate) and hands out views of it.
 
 A view is valid until its thread asks for the same slot again; the CPU driver
 only gives scratch to temporaries that die before the primitive returns (widened
-operands, results that are rounded into another array), never to an array it
-returns. Buffers larger than :data:`KEEP_BYTES` are not kept.
+operands, results that are rounded into another array) or before the composition
+returns (:meth:`CPUBackend.intermediate`), never to an array the caller gets. Buffers larger than :data:`KEEP_BYTES` are not kept.
 """
 
 import threading
@@ -25,6 +25,10 @@ KEEP_BYTES = 32 << 20
 _local = threading.local()
 
 OPERAND_0, OPERAND_1, RESULT = 0, 1, 2
+# A composition's intermediates (the separable ops' depthwise output and its
+# gradient): live across several primitives, so never a primitive's own slot.
+INTERMEDIATE_0, INTERMEDIATE_1 = 3, 4
+_SLOTS = 5
 
 
 def empty(slot, shape, dtype):
@@ -39,7 +43,7 @@ def empty(slot, shape, dtype):
         return np.empty(shape, dtype)
     bufs = getattr(_local, "bufs", None)
     if bufs is None:
-        bufs = _local.bufs = [None, None, None]
+        bufs = _local.bufs = [None] * _SLOTS
     buf = bufs[slot]
     if buf is None or buf.nbytes < nbytes:
         buf = bufs[slot] = np.empty(max(nbytes, 64), np.uint8)
