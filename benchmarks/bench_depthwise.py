@@ -13,7 +13,7 @@ from . import _cases
 
 
 class Depthwise2D:
-    params = [list(_cases.SHAPES_2D), list(suite.DEPTHWISE_OPS), ["float32", "bfloat16"],
+    params = [list(_cases.SHAPES_2D), list(suite.DEPTHWISE_OPS), ["float32", "float16", "bfloat16"],
               ["NHWC", "NCHW"]]
     param_names = ["case", "op", "dtype", "layout"]
     timeout = 300
