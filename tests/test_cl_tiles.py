@@ -126,10 +126,11 @@ def test_which_problems_the_tile_kernels_take(monkeypatch):
         return set(seen)
 
     wide = tiles.WIDE
-    assert widths((2, 7, 7, 16), (3, 3)) == {wide}
-    assert widths((2, 14, 14, 16), (3, 3)) == {wide}
-    assert widths((2, 14, 14, 16), (3, 3), dtype=np.float16) == {wide}   # sums in float32
-    assert widths((2, 19, 19, 16), (3, 3)) == {0}                 # larger maps: rows
+    assert widths((2, 7, 7, 12), (3, 3)) == {wide}
+    assert widths((2, 14, 14, 12), (3, 3)) == {wide}
+    assert widths((2, 14, 14, 12), (3, 3), dtype=np.float16) == {wide}   # sums in float32
+    assert widths((2, 7, 7, 16), (3, 3)) == {0}                   # whole 8s: the lanes
+    assert widths((2, 19, 19, 12), (3, 3)) == {0}                 # larger maps: rows
     assert widths((2, 8, 8, 16), (5, 5)) == {wide}
     assert widths((2, 14, 14, 16), (5, 5)) == {0}
     assert widths((2, 7, 7, 16), (3, 3), dtype=np.float64) == {0}

@@ -30,14 +30,16 @@ def run(x_shape, k_shape, dtype, fmt, strides=1, padding="same", m=1):
     nb.depthwise_conv_grad(x, k, np.ones_like(y), strides, padding, fmt)
 
 # one problem per kernel family the CPU driver routes to
-run((2, 7, 7, 16), (3, 3, 16), np.float32, "channels_last")        # lanes, tiles
-run((1, 40, 40, 16), (3, 3, 16), np.float32, "channels_last")      # row kernels (3x3)
-run((1, 40, 40, 16), (3, 3, 16), np.float32, "channels_last", 2)   # strided rows
+run((2, 7, 7, 16), (3, 3, 16), np.float32, "channels_last")        # lanes
+run((2, 7, 7, 12), (3, 3, 12), np.float32, "channels_last")        # tiles
+run((1, 40, 40, 12), (3, 3, 12), np.float32, "channels_last")      # row kernels (3x3)
+run((1, 40, 40, 16), (3, 3, 16), np.float32, "channels_last", 2)   # strided rows, lanes
 run((2, 16, 12, 12), (3, 3, 16), np.float32, "channels_first")     # planes / tiles
 run((1, 4, 3, 20, 20), (1, 3, 3, 4), np.float32, "channels_first")  # 3-D rows (3x3)
 run((1, 3, 20, 20), (2, 2, 3), np.float64, "channels_first", m=2)  # generic rows, M=2
-run((1, 9, 9, 8), (3, 3, 8), np.float16, "channels_last")          # float16 widening
-run((1, 9, 9, 8), (3, 3, 8), ml_dtypes.bfloat16, "channels_last")  # bfloat16
+run((1, 9, 9, 8), (3, 3, 8), np.float16, "channels_last")          # float16 bits (lanes)
+run((1, 9, 9, 8), (3, 3, 8), ml_dtypes.bfloat16, "channels_last")  # bfloat16 bits (lanes)
+run((1, 9, 9, 4), (2, 2, 4), np.float16, "channels_last")          # float16 widening
 x = rng.standard_normal((1, 9, 9, 4)).astype(np.float32)
 nb.separable_conv_grad(x, rng.standard_normal((3, 3, 4, 2)).astype(np.float32),
                        rng.standard_normal((1, 1, 8, 5)).astype(np.float32),

@@ -1,11 +1,11 @@
 """The channels-last forward and input gradient on the lane kernels
 (numbasep/backends/cpu/lanes.py).
 
-Channels-last float32 forwards and stride-1 input gradients of small maps, with
-3x3 or 5x5 windows and a multiple of 8 channels, compute each row's interior 8
-channels at a time across the row; rows whose window reaches past the top or the
-bottom of the map sum only the window rows inside it, and the side columns go
-through the generic helpers. The tests aim at what is theirs: every count of
+Channels-last float32 (and 16-bit) forwards and stride-1 input gradients, with
+the windows of ``lanes.WINDOWS`` and a multiple of 8 channels, compute each
+row's interior 16 (then 8) channels at a time across the row; rows whose window
+reaches past the top or the bottom of the map sum only the window rows inside
+it, and the side columns sum only the window columns inside it. The tests aim at what is theirs: every count of
 window rows cut off (paddings up to 4, dilations, maps shorter than the window),
 strided forwards, channel counts of one and several 8-lane groups, agreement
 with the row kernels to the bit, non-finite values next to the padding, and
@@ -43,6 +43,10 @@ def route(monkeypatch):
             seen.append(ok)
             return ok
         monkeypatch.setattr(driver, "_by_lanes", by_lanes)
+        # channels-last filter gradients of small maps go to the tiles first
+        tile = driver._filter_tile_width
+        monkeypatch.setattr(driver, "_filter_tile_width",
+                            lambda plan: 0 if plan.channels_last else tile(plan))
         support.route_afresh(monkeypatch)
         return seen
     return set_route
@@ -52,15 +56,15 @@ def route(monkeypatch):
 def problems(draw):
     n = draw(st.integers(1, 2))
     c = draw(st.sampled_from([8, 16, 24, 72]))
-    k = draw(st.sampled_from([3, 5]))
+    kh, kw = draw(st.sampled_from(sorted(lanes.WINDOWS)))
     h, w = draw(st.integers(1, 12)), draw(st.integers(1, 12))
     sh, sw = draw(st.sampled_from([(1, 1), (1, 1), (2, 2), (1, 3)]))
     rh, rw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
-    attrs = support.draw_padding(draw, h, w, k, k, sh, sw, rh, rw)
+    attrs = support.draw_padding(draw, h, w, kh, kw, sh, sw, rh, rw)
     ep = attrs["explicit_paddings"]
     attrs = dict(attrs, data_format="NHWC", strides=[1, sh, sw, 1], dilations=[1, rh, rw, 1],
                  explicit_paddings=[0, 0] + ep[4:] + [0, 0] if ep else [])
-    return (n, h, w, c), (k, k, c, 1), attrs
+    return (n, h, w, c), (kh, kw, c, 1), attrs
 
 
 @pytest.mark.parametrize("on", [True, False], ids=["lanes", "rows"])
@@ -138,10 +142,37 @@ def test_which_problems_the_lane_kernels_take(monkeypatch):
 
     assert taken((1, 7, 7, 960)) == {False: True, True: True}
     assert taken((1, 28, 28, 240), k=5) == {False: True, True: True}
-    assert taken((1, 14, 14, 576)) == {False: True, True: True}
-    assert taken((1, 19, 19, 728)) == {False: False, True: False}    # 19 x 728: too long
-    assert taken((1, 56, 56, 16)) == {False: False, True: False}     # 56 pixels: too long
+    assert taken((1, 19, 19, 728)) == {False: True, True: True}
+    assert taken((1, 56, 56, 144)) == {False: True, True: True}
+    assert taken((1, 14, 14, 384), k=7) == {False: True, True: True}
+    assert taken((1, 147, 147, 128)) == {False: False, True: False}  # rows of 18816: too long
     assert taken((1, 7, 7, 12)) == {False: False, True: False}       # not whole 8s
-    assert taken((1, 7, 7, 16), k=7) == {False: False, True: False}  # no 7x7 lanes
+    assert taken((1, 7, 7, 16), k=2) == {False: False, True: False}  # no 2x2 lanes
     assert taken((1, 7, 7, 16), dtype=np.float64) == {False: False, True: False}
     assert taken((1, 14, 14, 16), strides=(1, 2, 2, 1)) == {False: True, True: False}
+    assert taken((1, 56, 56, 16), strides=(1, 2, 2, 1)) == {False: True, True: False}
+    assert taken((1, 112, 112, 96), strides=(1, 2, 2, 1)) == {False: False, True: False}
+
+
+def test_filter_gradient_independent_of_thread_count():
+    """The partial filters split the output rows by the problem alone."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((9, 14, 14, 136)).astype(np.float32)
+    dy = rng.standard_normal((9, 14, 14, 136)).astype(np.float32)
+    BF = numbasep.depthwise_conv2d_native_backprop_filter
+    seen = []
+    real = driver._by_lanes
+
+    def spy(plan, adjoint):
+        ok = real(plan, adjoint)
+        seen.append(ok)
+        return ok
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(driver, "_by_lanes", spy)
+        support.route_afresh(mp)
+        got = support.bytes_per_thread_count(lambda: BF(x, [3, 3, 136, 1], dy, [1, 1, 1, 1],
+                                                        "SAME"))
+    finally:
+        mp.undo()
+    assert any(seen) and len(got) == 1

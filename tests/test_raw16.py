@@ -1,5 +1,6 @@
-"""16-bit operands read as bit patterns by the channels-last row kernels
-(``halves.value``; the driver's ``_Launch.raw16``, 2-D 3x3 and 5x5 windows):
+"""16-bit operands read as bit patterns by the channels-last row and lane kernels
+(``halves.value``; the driver's ``_Launch.raw16``, 2-D 3x3 and 5x5 windows), and
+16-bit results written as bit patterns by the lane kernels (``writes16``):
 results bit for bit those of the widened-copy path, which test_keras_ops /
 test_raw_ops check against the float64 reference, on every op, stride, dilation,
 padding and multiplier; and the routes that take them."""
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 import numbasep as nb
 import support
-from numbasep.backends.cpu import driver, halves
+from numbasep.backends.cpu import driver, halves, lanes
 
 import reference as ref
 
@@ -83,6 +84,91 @@ def test_bit_patterns_give_the_widened_results(row_kernels, dtype, data):
         np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), name)
     want = ref.keras_depthwise(x.astype(np.float64), k.astype(np.float64), **kw)
     np.testing.assert_allclose(raw[0].astype(np.float64), want, rtol=0.1, atol=0.1 * c)
+
+
+@pytest.fixture
+def lane_kernels(monkeypatch):
+    """Route every problem the lane kernels are built for to them, decided afresh
+    per call; returns the switch of :func:`row_kernels` and the decisions."""
+    monkeypatch.setattr(driver, "_by_lanes", lambda plan, adjoint: (
+        plan.channels_last and driver._flat(plan) and plan.kernel[1:] in lanes.WINDOWS
+        and plan.channels % 8 == 0 and not (adjoint and plan.strides[1:] != (1, 1))))
+    support.route_afresh(monkeypatch)
+    taken = []
+    real = driver._correlation
+
+    def spy(plan, adjoint):
+        r = real(plan, adjoint)
+        taken.append(r is not None and r.writes16)
+        return r
+    monkeypatch.setattr(driver, "_correlation", spy)
+    seen = []
+    bits = halves.bits
+
+    def switch(raw):
+        def bits_spy(a):
+            r = bits(a) if raw else None
+            seen.append(r is not None)
+            return r
+        monkeypatch.setattr(halves, "bits", bits_spy)
+    switch.seen, switch.taken = seen, taken
+    return switch
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float16", "bfloat16"])
+def test_lanes_read_and_write_bit_patterns_as_the_widened_path_rounds(lane_kernels, dtype,
+                                                                      data):
+    """Every sum rounded once, to nearest even, as ``halves.narrow_into`` rounds:
+    also overflow to Inf, NaN and results near the subnormal range (large and tiny
+    scales), with ``out=`` and without."""
+    spatial = tuple(data.draw(st.integers(1, 12), label="size") for _ in range(2))
+    ks = data.draw(st.sampled_from([(3, 3), (5, 5)]), label="window")
+    c = data.draw(st.sampled_from([8, 16, 24, 40]), label="channels")
+    padding = data.draw(st.sampled_from(["valid", "same"]), label="padding")
+    dil = tuple(data.draw(st.integers(1, 2)) for _ in spatial)
+    scale = data.draw(st.sampled_from([1.0, 2.0 ** -12, 2.0 ** 7]), label="scale")
+    kw = dict(strides=1, padding=padding, data_format="channels_last", dilation_rate=dil)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16), label="seed"))
+    x = (rng.uniform(-2, 2, (1, *spatial, c)) * scale).astype(dtype)
+    k = rng.uniform(-2, 2, (*ks, c, 1)).astype(dtype)
+    if data.draw(st.booleans(), label="nan"):
+        x.reshape(-1)[rng.integers(x.size)] = np.nan
+    try:
+        out_shape = nb.depthwise_conv(x, k, **kw).shape
+    except nb.InvalidArgumentError:
+        return
+    dy = (rng.uniform(-2, 2, out_shape) * scale).astype(dtype)
+    got = {}
+    for raw in (True, False):
+        lane_kernels.seen.clear()
+        lane_kernels.taken.clear()
+        lane_kernels(raw)
+        y = nb.depthwise_conv(x, k, **kw)
+        y_out = np.full(out_shape, 7, dtype)
+        nb.depthwise_conv(x, k, out=y_out, **kw)
+        gx = nb.depthwise_conv_grad(x, k, dy, **kw)[0]
+        got[raw] = (y, y_out, gx)
+        if raw and (halves.HARDWARE_HALF or dtype != np.float16):
+            assert any(lane_kernels.seen) and all(lane_kernels.taken)
+    for name, a, b in zip(("forward", "forward into out", "input gradient"), got[True],
+                          got[False]):
+        assert a.dtype == dtype and a.shape == b.shape, name
+        np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), name)
+
+
+def test_lanes_do_not_write_into_an_out_that_shares_their_input(lane_kernels):
+    """``out`` the input itself: the lanes would overwrite rows they still read, so
+    the sums go through float32 scratch and are rounded into ``out`` after."""
+    rng = np.random.default_rng(8)
+    x = rng.uniform(-2, 2, (1, 9, 9, 16)).astype(np.float16)
+    k = rng.uniform(-2, 2, (3, 3, 16, 1)).astype(np.float16)
+    lane_kernels(True)
+    want = nb.depthwise_conv(x, k, 1, "same")
+    nb.depthwise_conv(x, k, 1, "same", out=x)
+    np.testing.assert_array_equal(x.view(np.uint16), want.view(np.uint16))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float16", "bfloat16"])

@@ -260,7 +260,10 @@ def test_spec9_huge_strides_paddings_negative_and_inconsistent_sizes():
     for s in (65536, 2**31 - 1):
         for padding in ("VALID", "SAME"):
             y = FW(x, w, [1, s, s, 1], padding)
-            np.testing.assert_array_equal(y, ref.raw_forward(x, w, [1, s, s, 1], padding))
+            # (the sums are fused multiply-adds: within an ulp of the terms, about
+            # 1, of the reference's)
+            np.testing.assert_allclose(y, ref.raw_forward(x, w, [1, s, s, 1], padding),
+                                       rtol=0, atol=1e-14)
     with pytest.raises(IAE, match=r"strides must be < 2\*\*31 .*\[1, 2147483648, 1, 1\]"):
         FW(x, w, [1, 2**31, 1, 1], "VALID")
     with pytest.raises(IAE, match=r"explicit_paddings must be < 2\*\*31"):

@@ -66,3 +66,161 @@ def test_taps_dot8_adds_each_taps_block_sum_to_its_accumulator(dtype, n, m):
     for t in range(3):
         untouched[4 + t * 13:12 + t * 13] = False
     assert np.array_equal(acc[untouched], before[untouched])
+
+
+def _fma32(a, b, c):
+    """float32 fma, emulated: the product is exact in float64, the sum rounded
+    there and then to float32 (a double rounding: wrong only on ties of a 2**-29
+    chance per step, never hit by these seeds)."""
+    return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
+
+
+def _window_sum(x, s0, rowstep, colstep, wt, w0, wrow, wstep, rows, cols, lane):
+    """One lane's sum, in the intrinsics' order: (row, column), the first product
+    rounded alone, the rest fused."""
+    acc = None
+    for r in range(rows):
+        for j in range(cols):
+            xv = x[s0 + r * rowstep + j * colstep + lane]
+            wv = wt[w0 + r * wrow + j * wstep + lane]
+            acc = np.float32(xv * wv) if acc is None else _fma32(xv, wv, acc)
+    return acc
+
+
+@pytest.mark.parametrize("channels", [8, 16, 24, 40])
+@pytest.mark.parametrize("step", [1, 2, -1, 3], ids=["forward", "stride2", "gather", "other"])
+@pytest.mark.parametrize("n", [0, 1, 4, 7, 9])
+def test_taps_rows_sums_each_pixel_in_order(channels, step, n):
+    """Every pixel, channel and window tap, in the scalar kernels' order, for each
+    pixel step the intrinsic shares loads on (1 and -1 column steps) and others;
+    blocks that overlap at the end of the row; nothing else written."""
+    @numba.njit
+    def run(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wstep, n, rows, channels):
+        simd.taps_rows(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wstep, n, rows,
+                       channels, 3)
+
+    rng = np.random.default_rng(channels + n)
+    rows, KW = 2, 3
+    C = channels + 4                  # pixel stride: channels plus some not computed
+    colstep = 2 * C
+    sstep = step * colstep
+    rowstep = 40 * C
+    s0 = 20 * C + 3
+    x = rng.standard_normal(s0 + 2 * rowstep + 40 * C).astype(np.float32)
+    wt = rng.standard_normal(rows * KW * C + 8).astype(np.float32)
+    dst = np.full(n * C + 50, np.float32(-7))
+    run(dst, 5, C, x, s0, sstep, rowstep, colstep, wt, 2, C, n, rows, channels)
+    want = np.full_like(dst, np.float32(-7))
+    for k in range(n):
+        for lane in range(channels):
+            want[5 + k * C + lane] = _window_sum(x, s0 + k * sstep, rowstep, colstep, wt, 2,
+                                                 KW * C, C, rows, KW, lane)
+    np.testing.assert_array_equal(dst, want)
+
+
+@pytest.mark.parametrize("channels", [8, 24, 56, 80])
+@pytest.mark.parametrize("rows, cols", [(1, 1), (1, 3), (3, 1), (2, 4)])
+def test_taps_window_sums_one_pixel_in_order(channels, rows, cols):
+    @numba.njit
+    def run(dst, d0, x, s0, rowstep, colstep, wt, w0, wrow, wstep, rows, cols, channels):
+        simd.taps_window(dst, d0, x, s0, rowstep, colstep, wt, w0, wrow, wstep, rows, cols,
+                         channels)
+
+    rng = np.random.default_rng(channels * 10 + rows)
+    C = channels
+    x = rng.standard_normal(60 * C).astype(np.float32)
+    wt = rng.standard_normal(30 * C).astype(np.float32)
+    dst = np.full(C + 20, np.float32(-7))
+    s0, rowstep, colstep = 30 * C + 1, -9 * C, -C            # steps may be negative
+    run(dst, 3, x, s0, rowstep, colstep, wt, 4, 5 * C, C, rows, cols, channels)
+    want = np.full_like(dst, np.float32(-7))
+    for lane in range(C):
+        want[3 + lane] = _window_sum(x, s0, rowstep, colstep, wt, 4, 5 * C, C, rows, cols, lane)
+    np.testing.assert_array_equal(dst, want)
+
+
+def _dots_want(acc, x, g, a0, arow, astep, s0, sstep, rowstep, colstep, g0, gstep, n, rows,
+               cols, channels):
+    """The filter-gradient sums in float64 (the intrinsics fuse, in pixel order)."""
+    want = acc.astype(np.float64)
+    for r in range(rows):
+        for j in range(cols):
+            for k in range(n):
+                xs = s0 + k * sstep + r * rowstep + j * colstep
+                gs = g0 + k * gstep
+                at = a0 + r * arow + j * astep
+                want[at:at + channels] += (x[xs:xs + channels].astype(np.float64)
+                                           * g[gs:gs + channels])
+    return want
+
+
+@pytest.mark.parametrize("channels", [8, 16, 40])
+@pytest.mark.parametrize("step", [1, 2], ids=["shared", "strided"])
+@pytest.mark.parametrize("n", [0, 1, 5, 8])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_dots_rows_adds_each_taps_sum(channels, step, n, rows):
+    @numba.njit
+    def run(acc, a0, astep, x, s0, sstep, rowstep, colstep, g, g0, gstep, n, channels, rows):
+        if rows == 1:
+            simd.dots_rows(acc, a0, astep, x, s0, sstep, rowstep, colstep, g, g0, gstep, n,
+                           channels, 1, 3)
+        else:
+            simd.dots_rows(acc, a0, astep, x, s0, sstep, rowstep, colstep, g, g0, gstep, n,
+                           channels, 3, 3)
+
+    rng = np.random.default_rng(channels + 7 * n + rows)
+    C = channels + 8
+    x = rng.standard_normal(200 * C).astype(np.float32)
+    g = rng.standard_normal(20 * C).astype(np.float32)
+    acc = rng.standard_normal(12 * C).astype(np.float32)
+    colstep, rowstep = C, 50 * C
+    sstep = step * colstep
+    before = acc.copy()
+    want = _dots_want(acc, x, g, 3, 3 * C, C, 2, sstep, rowstep, colstep, 5, C, n, rows, 3,
+                      channels)
+    run(acc, 3, C, x, 2, sstep, rowstep, colstep, g, 5, C, n, channels, rows)
+    np.testing.assert_allclose(acc, want, rtol=1e-5, atol=1e-5)
+    touched = np.zeros(acc.size, bool)
+    for t in range(rows * 3):
+        touched[3 + t * C:3 + t * C + channels] = True
+    assert np.array_equal(acc[~touched], before[~touched])
+
+
+@pytest.mark.parametrize("channels", [8, 24, 72])
+@pytest.mark.parametrize("rows, cols", [(1, 1), (2, 3), (3, 2)])
+def test_dots_window_adds_one_pixels_products(channels, rows, cols):
+    @numba.njit
+    def run(acc, a0, arow, astep, x, s0, rowstep, colstep, g, g0, rows, cols, channels):
+        simd.dots_window(acc, a0, arow, astep, x, s0, rowstep, colstep, g, g0, rows, cols,
+                         channels)
+
+    rng = np.random.default_rng(channels + rows * 3 + cols)
+    C = channels + 8
+    x = rng.standard_normal(100 * C).astype(np.float32)
+    g = rng.standard_normal(4 * C).astype(np.float32)
+    acc = rng.standard_normal(12 * C).astype(np.float32)
+    before = acc.copy()
+    s0, rowstep, colstep = 60 * C + 1, -20 * C, -C
+    want = _dots_want(acc, x, g, 2, 3 * C, C, s0, 0, rowstep, colstep, 3, 0, 1, rows, cols,
+                      channels)
+    run(acc, 2, 3 * C, C, x, s0, rowstep, colstep, g, 3, rows, cols, channels)
+    np.testing.assert_allclose(acc, want, rtol=1e-5, atol=1e-5)
+    touched = np.zeros(acc.size, bool)
+    for r in range(rows):
+        for j in range(cols):
+            at = 2 + r * 3 * C + j * C
+            touched[at:at + channels] = True
+    assert np.array_equal(acc[~touched], before[~touched])
+
+
+def test_fma_rounds_once():
+    """``fma(a, b, c)`` is exact where ``a*b + c`` in two roundings is not."""
+    @numba.njit
+    def run(a, b, c):
+        return simd.fma(a, b, c)
+
+    a = np.float32(1 + 2.0 ** -12)
+    c = np.float32(-(1 + 2.0 ** -11))
+    got = run(a, a, c)                       # a*a = 1 + 2**-11 + 2**-24 exactly
+    assert got == np.float32(2.0 ** -24) and np.float32(a * a) + c == 0
+    assert run(2.0, 3.0, 1.0) == 7.0

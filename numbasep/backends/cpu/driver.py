@@ -230,7 +230,13 @@ def _filter_tile_width(plan):
     0.86; 14x14x384 N=8 0.85; 14x14x576 N=8 0.86; 7x7x1152 5x5 N=8 0.70; at
     19x19x728 N=8 1.31 (N=1 0.91), and on 28x28 maps even. Their forward and input
     gradient measured even with the row kernels (0.87-1.26), and stay there;
-    float64 stays there too, which spares CI the compilations."""
+    float64 stays there too, which spares CI the compilations.
+
+    3x3 windows the lane kernels take go there instead (2 threads, lanes / tiles,
+    min of 3 interleaved rounds): 7x7x960 N=32 0.41 / 0.67-0.73 ms, N=8
+    0.105-0.118 / 0.144-0.148, N=1 0.025 / 0.022-0.025; 14x14x384 N=8 0.147 /
+    0.21; 14x14x576 N=8 0.24 / 0.36. 5x5 stays on the tiles (7x7x1152 N=8 0.53 /
+    0.42)."""
     if not plan.channels_last:
         return _tile_width(plan)
     if (not _flat(plan) or dtypes.accumulator(plan.dtype) != _F32
@@ -238,7 +244,7 @@ def _filter_tile_width(plan):
         return 0
     pixels, _, tile = _tile_geometry(plan)
     window = plan.kernel[1:]
-    if tile * tiles.WIDE > _TILE_SCRATCH:
+    if tile * tiles.WIDE > _TILE_SCRATCH or (window == (3, 3) and _by_lanes(plan, False)):
         return 0
     if (window == (3, 3) and pixels <= _CL_TILE_PIXELS) or \
             (window == (5, 5) and pixels <= _SMALL_PIXELS):
@@ -246,30 +252,65 @@ def _filter_tile_width(plan):
     return 0
 
 
-# Longest rows (the output's for the forward, the input's for the input gradient)
-# whose channels-last correlation runs on the lane kernels: pixels, and elements.
+# Strided forwards: longest output rows (pixels, elements) on the lane kernels;
+# stride 1: longest rows (elements; the output's for the forward and the filter
+# gradient, the input's for the input gradient).
 _LANE_ROW = 28
 _LANE_ROW_ELEMS = 1 << 13
+_LANE_RUN_ELEMS = 1 << 14
+
+
+def _lanes_fit(plan):
+    """Whether the lane kernels are built for ``plan``: channels-last, 1-D or 2-D,
+    depth multiplier 1, a window of ``lanes.WINDOWS``, a multiple of 8 channels,
+    float32 sums."""
+    return (plan.channels_last and _flat(plan) and plan.kernel[1:] in lanes.WINDOWS
+            and plan.channels % 8 == 0 and dtypes.accumulator(plan.dtype) == _F32)
+
+
+def _lanes_filter_gradient(plan):
+    """Whether a channels-last filter gradient runs on the lane kernels: where
+    :func:`_by_lanes` sends the forward, and strided rows up to ``_LANE_RUN_ELEMS``
+    elements (2 threads, N=8, lanes / row kernels, min of 3 interleaved rounds:
+    112x112x96 stride 2 1.21 / 1.36 ms; 56x56x144 stride 2 0.45 / 0.52; N=32 1.78
+    / 1.99; 56x56x72 5x5 stride 2 0.35 / 0.79), where the strided forward stays on
+    the row kernels."""
+    if _by_lanes(plan, False):
+        return True
+    return _lanes_fit(plan) and plan.out_sizes[2] * plan.channels <= _LANE_RUN_ELEMS
 
 
 def _by_lanes(plan, adjoint):
-    """Whether a channels-last forward (input gradient: ``adjoint``, stride 1 only)
-    runs on the lane kernels (:mod:`.lanes`): 1-D and 2-D, depth multiplier 1,
-    3x3 and 5x5 windows, a multiple of 8 channels, float32 sums, rows of at most
-    ``_LANE_ROW`` pixels and ``_LANE_ROW_ELEMS`` elements (32 KiB). 1 thread, N=8,
-    lane / row kernels alone, min of interleaved rounds, forward and input
-    gradient: 7x7x960 0.85 / 0.82-0.97; 14x14x384 0.94 / 0.88; 14x14x576
-    0.85-1.05 / 0.80-0.82; 28x28x192 0.82 / 0.92; 28x28x240 5x5 0.80 / 0.82;
-    7x7x1152 5x5 0.86-1.03 / 0.88-0.97. Longer rows stay on the row kernels:
-    19x19x728 1.08-1.15 / 0.91-1.11, 56x56x144 1.75 / 1.37. float64 stays there
-    too, which spares CI the compilations."""
-    if not (plan.channels_last and _flat(plan) and plan.kernel[1:] in lanes.WINDOWS
-            and plan.channels % 8 == 0 and dtypes.accumulator(plan.dtype) == _F32):
-        return False
-    if adjoint and plan.strides[1:] != (1, 1):
+    """Whether a channels-last forward or filter gradient (input gradient:
+    ``adjoint``, stride 1 only) runs on the lane kernels (:mod:`.lanes`): 1-D and
+    2-D, depth multiplier 1, the windows of ``lanes.WINDOWS``, a multiple of 8
+    channels, float32 sums; at stride 1 rows of at most ``_LANE_RUN_ELEMS``
+    elements, strided forwards rows of at most ``_LANE_ROW`` pixels and
+    ``_LANE_ROW_ELEMS`` elements.
+
+    2 threads, N=8, float32 NHWC, lanes / row kernels, min of 3 interleaved
+    rounds (``_by_lanes`` forced either way). Forward: 56x56x144 0.74-0.83 /
+    1.0-1.1 ms; 28x28x240 5x5 0.50-0.57 / 1.29-1.43; 19x19x728 0.42-0.47 /
+    0.66-0.75; 56x56x96 7x7 1.6-1.8 / 5.2-5.7; 112x112x32 0.58-0.71 / 1.10-1.17;
+    14x14x384 7x7 0.55-0.62 / 1.0; 56x56x72 5x5 stride 2 0.33-0.38 / 0.47-0.51.
+    Filter gradient: 56x56x144 0.74 / 1.80; 28x28x240 5x5 0.77 / 1.72;
+    19x19x728 0.58 / 0.98; 56x56x96 7x7 1.85 / 5.87; 112x112x32 0.75 / 2.18.
+    Rows stay on the row kernels where the lanes measured even or slower: the
+    1-D 1024x512 5-tap rows (0.80-0.94 / 0.68-0.84), 147x147x128 (7.8-9.0 /
+    7.4-8.1: rows of 18816 elements, read from L3 in the lanes' channel-group
+    order) and the strided 112x112x96 (1.10-1.19 / 0.88-0.90). float64 stays
+    there too, which spares CI the compilations."""
+    if not _lanes_fit(plan):
         return False
     row = plan.in_sizes[2] if adjoint else plan.out_sizes[2]
+    if plan.strides[1:] == (1, 1):
+        return row * plan.channels <= _LANE_RUN_ELEMS
+    if adjoint:
+        return False
     return row <= _LANE_ROW and row * plan.channels <= _LANE_ROW_ELEMS
+
+
+_PARTIAL_WORK = 8
 
 
 def _tile_params(plan):
@@ -304,12 +345,15 @@ class _Launch:
     Decided once per plan and kept on it (:func:`_route`): re-deciding took
     several microseconds of a small call's budget. ``raw16``: the kernel reads
     16-bit data operands as bit patterns (:func:`halves.value`), so they need no
-    widened copy."""
+    widened copy; ``writes16``: it also writes a 16-bit result's bit patterns,
+    rounded as it stores them (each result element is stored once, never read
+    back), so it needs no float32 sums to round afterwards."""
 
-    __slots__ = ("kern", "shapes", "params", "raw16")
+    __slots__ = ("kern", "shapes", "params", "raw16", "writes16")
 
-    def __init__(self, kern, shapes, params, raw16=False):
+    def __init__(self, kern, shapes, params, raw16=False, writes16=False):
         self.kern, self.shapes, self.params, self.raw16 = kern, shapes, params, raw16
+        self.writes16 = writes16
 
 
 def _route(plan, name, decide):
@@ -340,7 +384,9 @@ def _correlation(plan, adjoint):
         kern = lk.backprop_input if adjoint else lk.forward
         if adjoint:
             five = five[::-1]
-        return _Launch(kern, (five[0], plan.filter_shape5, five[1]), _params(plan))
+        raw16 = _reads_bits(plan)
+        return _Launch(kern, (five[0], plan.filter_shape5, five[1]), _params(plan),
+                       raw16=raw16, writes16=raw16)
     ks = kernels.for_plan(plan)
     if adjoint:
         kern = ks.backprop_input_cl if plan.channels_last else ks.backprop_input_cf
@@ -356,12 +402,16 @@ _RAW16_WINDOWS = ((1, 3, 3), (1, 5, 5))
 
 
 def _reads_bits(plan):
-    """Whether the channels-last row kernels take ``plan``'s 16-bit data operands as
-    bit patterns instead of widened copies: 2-D 3x3 and 5x5 windows. 16-bit /
-    float32 time, 2 threads, 8x56x56x144 3x3 (float16 / bfloat16): forward 1.40 /
-    1.49, input gradient 1.36 / 1.45, filter gradient 0.99 / 1.02; with widened
-    copies about 1.75 each. Other windows keep the copies: each kernel read that way
-    is compiled again per 16-bit type, which CI pays for every window tested."""
+    """Whether the channels-last row and lane kernels take ``plan``'s 16-bit data
+    operands as bit patterns instead of widened copies (the lane kernels then also
+    write 16-bit results directly): 2-D 3x3 and 5x5 windows. 16-bit / float32 time,
+    2 threads, 8x56x56x144 3x3 on the lane kernels (float16 / bfloat16): forward
+    0.83 / 0.95, input gradient 0.82 / 1.04, filter gradient 0.90 / 0.89 (``python
+    -m numbasep bench --full --dtype float32,float16,bfloat16 --layout NHWC --batch
+    8 --case /56x56x144/k3s1/N8``); on the row kernels, reading bits but writing
+    float32 sums, 1.36-1.49; with widened copies about 1.75. Other windows keep the
+    copies: each kernel read that way is compiled again per 16-bit type, which CI
+    pays for every window tested."""
     return plan.channels_last and plan.kernel in _RAW16_WINDOWS
 
 
@@ -392,20 +442,53 @@ def _filter_gradient_route(plan):
                               _plane_shape(plan, plan.out_sizes),
                               (chunks, kh, kw, c), (chunks, 1, kh, kw, c, 1)), params)
     ks = kernels.for_plan(plan)
+    fsize = plan.kernel[0] * plan.kernel[1] * plan.kernel[2] * plan.channels * plan.multiplier
     if plan.channels_last:
         kern = ks.backprop_filter_cl
         rows = plan.batch * plan.out_sizes[0] * plan.out_sizes[1]
+        chunks = kernels.partial_chunks(rows, fsize)
+        if _lanes_filter_gradient(plan):
+            kern = lanes.kernels(plan.kernel[1], plan.kernel[2]).backprop_filter
+            # each partial filter sums at least _PARTIAL_WORK times its own size of
+            # products per tap: zeroing and summing more partials than that cost
+            # more than it spread (7x7x960 N=8: 64 partials 0.21 ms, 5 0.14 ms)
+            work = rows * plan.out_sizes[2] * plan.channels
+            chunks = max(1, min(chunks, work // (_PARTIAL_WORK * max(1, fsize))))
     else:
         kern = ks.backprop_filter_cf
         rows = plan.batch
-    fsize = plan.kernel[0] * plan.kernel[1] * plan.kernel[2] * plan.channels * plan.multiplier
-    parts = (kernels.partial_chunks(rows, fsize),) + plan.filter_shape5
+        chunks = kernels.partial_chunks(rows, fsize)
+    parts = (chunks,) + plan.filter_shape5
     return _Launch(kern, (plan.input_shape5, plan.output_shape5, parts, parts), _params(plan),
                    raw16=_reads_bits(plan))
 
 
+def _result16(plan, shape, out, data):
+    """For a kernel that writes 16-bit results itself: (the array to return, the bit
+    patterns the kernel writes into it), or None (then float32 sums are rounded
+    afterwards): a 16-bit ``plan``, and ``out`` None or C-contiguous of its dtype
+    and not sharing memory with the data the kernel reads."""
+    if plan.dtype.itemsize != 2:
+        return None
+    if out is None:
+        final = np.empty(shape, plan.dtype)
+    elif out.dtype == plan.dtype and out.flags.c_contiguous \
+            and not np.may_share_memory(out, data):
+        final = out
+    else:
+        return None
+    bits = halves.bits(final)
+    return None if bits is None else (final, bits)
+
+
 def _correlate(launch, plan, data, w, shape, out, wide):
     """Run a forward or input-gradient :class:`_Launch`: a result of ``shape``."""
+    direct = launch.writes16 and not wide and _result16(plan, shape, out, data)
+    if direct:
+        final, bits = direct
+        if not _nothing_to_do(bits, data, w):
+            _run_correlation(launch, data, w, bits)
+        return final
     buf, final = _result(plan, shape, out, wide)
     if not _nothing_to_do(buf, data, w):
         _run_correlation(launch, data, w, buf)

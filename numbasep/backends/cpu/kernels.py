@@ -20,7 +20,9 @@ Two paths share every kernel:
   helpers. ``kernel_set(0, 0)`` is the generic-only set.
 
 Taps are always summed in the order (kd, kh, kw), so both paths give the same
-sums. Kernels release the GIL (``nogil=True``): Python threads may call the
+sums. The channels-last correlations add each product with a fused multiply-add
+(:func:`.simd.fma`, one rounding per tap; the first product is rounded alone),
+as the lane kernels of :mod:`.lanes` do, so those give the same sums too. Kernels release the GIL (``nogil=True``): Python threads may call the
 operators concurrently; each call owns its output and scratch buffers. Parallel
 tasks own the outputs they write: no atomics, no races. The filter gradient sums
 per-chunk partial filters in a fixed order, with a chunking that depends on the
@@ -31,6 +33,7 @@ import numpy as np
 from numba import njit, prange
 
 from .halves import value as _val
+from .simd import fma as _fma
 
 # Reductions over a contiguous run may be reassociated so that they vectorise;
 # NaN and Inf still propagate (no 'nnan' / 'ninf').
@@ -121,14 +124,16 @@ def _fwd_cl_row(x, w, yrow, n, od, oh, o_lo, o_hi, sd, sh, sw, rd, rh, rw, pd, p
                     for ow in range(lo, hi):
                         iw = ow * sw + off
                         for c in range(C):
-                            yrow[ow, c] += _val(xrow[iw, c]) * w[kd, kh, kw, c, 0]
+                            yrow[ow, c] = _fma(_val(xrow[iw, c]), w[kd, kh, kw, c, 0],
+                                               yrow[ow, c])
                 else:
                     for ow in range(lo, hi):
                         iw = ow * sw + off
                         for c in range(C):
                             xv = _val(xrow[iw, c])
                             for m in range(M):
-                                yrow[ow, c * M + m] += xv * w[kd, kh, kw, c, m]
+                                yrow[ow, c * M + m] = _fma(xv, w[kd, kh, kw, c, m],
+                                                           yrow[ow, c * M + m])
 
 
 @njit(inline="always")
@@ -199,14 +204,15 @@ def _bin_cl_row(dy, w, dxrow, n, id_, ih, i_lo, i_hi, sd, sh, sw, rd, rh, rw, pd
                     for ow in range(lo, hi):
                         iw = ow * sw + off
                         for c in range(C):
-                            dxrow[iw, c] += _val(dyrow[ow, c]) * w[kd, kh, kw, c, 0]
+                            dxrow[iw, c] = _fma(_val(dyrow[ow, c]), w[kd, kh, kw, c, 0],
+                                                dxrow[iw, c])
                 else:
                     for ow in range(lo, hi):
                         iw = ow * sw + off
                         for c in range(C):
                             acc = dxrow[iw, c]
                             for m in range(M):
-                                acc += _val(dyrow[ow, c * M + m]) * w[kd, kh, kw, c, m]
+                                acc = _fma(_val(dyrow[ow, c * M + m]), w[kd, kh, kw, c, m], acc)
                             dxrow[iw, c] = acc
 
 
@@ -500,8 +506,8 @@ def _build(KH, KW):
                         for kh in range(KH):
                             for kw in range(KW):
                                 if kh + kw > 0:
-                                    acc += (_val(x[n, id_, ih0 + kh * rh, iw0 + kw * rw, c])
-                                            * w[0, kh, kw, c, 0])
+                                    acc = _fma(_val(x[n, id_, ih0 + kh * rh, iw0 + kw * rw, c]),
+                                               w[0, kh, kw, c, 0], acc)
                         yrow[ow, c] = acc
                 _fwd_cl_sides(x, w, yrow, n, od, oh, a, b, sd, sh, sw, rd, rh, rw, pd, ph, pw)
             else:
@@ -571,8 +577,8 @@ def _build(KH, KW):
                         for kh in range(KH):
                             for kw in range(KW):
                                 if kh + kw > 0:
-                                    acc += (_val(dy[n, od, oh0 - kh * rh, ow0 - kw * rw, c])
-                                            * w[0, kh, kw, c, 0])
+                                    acc = _fma(_val(dy[n, od, oh0 - kh * rh, ow0 - kw * rw, c]),
+                                               w[0, kh, kw, c, 0], acc)
                         dxrow[iw, c] = acc
                 _bin_cl_sides(dy, w, dxrow, n, id_, ih, a, b, sd, sh, sw, rd, rh, rw, pd, ph, pw)
             else:

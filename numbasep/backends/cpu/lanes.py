@@ -1,31 +1,37 @@
-"""Channels-last forward and input gradient of small maps, 8 channels at a time
-across each row.
+"""Channels-last forward and stride-1 input gradient, 16 channels at a time
+across each row, in vector registers.
 
-The row kernels of :mod:`.kernels` compute a channels-last output pixel by pixel,
-all channels at a time, loading each tap's weights again for every pixel: on
-small maps that loop is bound by its loads. Here each output row's interior is
-computed 8 channels at a time across the row with :func:`.simd.taps_row8`, the
-taps' weights held in registers; rows whose window reaches past the top or
-bottom of the map sum the taps of the window rows inside it (fewer taps, same
-order), and the columns whose window reaches past the sides go through the
-row kernels' generic helpers. Products are formed and summed exactly as the
-row kernels form and sum them (taps in (kh, kw) order, unfused), so the results
-are the same; no product with the padding is ever formed.
+Each output row's interior (the pixels whose whole window lies inside the map)
+is computed by :func:`.simd.taps_rows16` (then ``taps_rows8`` for a last group of
+8 channels): blocks of pixels whose sums stay in registers through the window,
+each input vector loaded once for all the taps of the block that read it, one
+fused multiply-add per tap. Rows whose window reaches past the top or bottom of
+the map sum the window rows inside it; the side pixels, whose window the left
+or right edge cuts, sum the window columns inside it
+(:func:`.simd.taps_window16`). No product with the padding is ever formed, and
+every sum is formed as the row kernels of :mod:`.kernels` form it (taps in
+(kh, kw) order, fused with :func:`.simd.fma`, the first product rounded alone),
+so the two give the same bits.
+
+16-bit operands are read as their bit patterns and 16-bit results written as
+theirs (the driver's ``raw16`` / ``writes16``): every result element is stored
+once, so it can be rounded as it is stored.
 
 They serve 2-D (and 1-D) problems with depth multiplier 1 and a multiple of 8
-channels, on maps whose row interiors are short (the driver's
-``_lanes_pay`` says which); longer rows stay faster on the row kernels, which
-read each pixel's channels in one sweep.
+channels, for the windows of ``WINDOWS``, on rows the driver's ``_by_lanes``
+says they are faster for.
 """
 
-import numpy as np
 from numba import literally, njit, prange
 
-from .kernels import _bin_cl_sides, _fwd_cl_sides, _interior, _split
-from .simd import taps_row8 as _taps_row8
+from .kernels import _interior, _split
+from .simd import dots_rows as _dots_rows
+from .simd import dots_window as _dots_window
+from .simd import taps_rows as _taps_rows
+from .simd import taps_window as _taps_window
 
 #: Window shapes with lane kernels.
-WINDOWS = frozenset({(3, 3), (5, 5)})
+WINDOWS = frozenset({(3, 3), (5, 5), (7, 7), (1, 3), (1, 5)})
 
 
 @njit(inline="always")
@@ -41,63 +47,62 @@ def _taps_inside(i0, r, K, size):
     return k0, k1
 
 
-@njit(inline="always")
-def _lane_taps(w, row_step, col_step, C):
-    """(tap offsets, weights): tap (kh, kw) of a pixel lies ``kh*row_step +
-    kw*col_step`` pixels from it, ``C`` elements per pixel; the weights are ``w``
-    flat, ``[tap, channel]`` (depth multiplier 1)."""
-    KH, KW = w.shape[1], w.shape[2]
-    toffs = np.empty(KH * KW, np.int64)
-    for kh in range(KH):
-        for kw in range(KW):
-            toffs[kh * KW + kw] = (kh * row_step + kw * col_step) * C
-    return toffs, w.reshape(w.size)
-
-
 @njit(nogil=True, cache=True)
-def _row(dst, d0, src, s0, sstep, toffs, wt, C, run, k0, k1, KW, T1, T2, T3, T4, T5):
-    """``run`` output pixels from ``dst[d0]`` on, ``C`` apart, 8 channels at a
-    time, summing the taps of window rows [k0, k1) of a window of KW columns and
-    at most 5 rows (pixel k's taps at ``src[s0 + k*sstep + toffs[t]]``). False,
-    with nothing written, for a count of rows it has no unrolled form for.
-
-    ``T1``-``T5``: the tap counts of 1-5 window rows, compile-time constants
-    (``literally``) for the register intrinsic. (A module-level function:
-    a helper built inside the kernel factory would be a closure variable of the
-    kernels, which Numba's cache cannot key, so they would compile in every
-    process.)"""
-    literally(T1)
-    literally(T2)
-    literally(T3)
-    literally(T4)
-    literally(T5)
+def _row(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW):
+    """``run`` output pixels from ``dst[d0]`` on, ``C`` apart: the taps of window
+    rows [k0, k1) of a window of KW columns (a compile-time constant), pixel
+    k's tap (r, j) at ``src[s0 + k*sstep + r*rowstep + j*colstep]``, 16 channels
+    at a time (then 8)."""
+    literally(KW)
     rows = k1 - k0
     if rows == 0:
         for k in range(run * C):
             dst[d0 + k] = 0
-        return True
-    if rows > 5:
-        return False
-    t = toffs[k0 * KW:]
-    for g in range(0, C, 8):
-        w0 = k0 * KW * C + g
-        if rows == 1:
-            _taps_row8(dst, d0 + g, C, src, s0 + g, sstep, t, wt, w0, C, run, T1)
-        elif rows == 2:
-            _taps_row8(dst, d0 + g, C, src, s0 + g, sstep, t, wt, w0, C, run, T2)
-        elif rows == 3:
-            _taps_row8(dst, d0 + g, C, src, s0 + g, sstep, t, wt, w0, C, run, T3)
-        elif rows == 4:
-            _taps_row8(dst, d0 + g, C, src, s0 + g, sstep, t, wt, w0, C, run, T4)
-        else:
-            _taps_row8(dst, d0 + g, C, src, s0 + g, sstep, t, wt, w0, C, run, T5)
-    return True
+        return
+    s0 += k0 * rowstep
+    w0 = k0 * KW * C
+    _taps_rows(dst, d0, C, src, s0, sstep, rowstep, colstep, wt, w0, C, run, rows, C, KW)
+
+
+@njit(inline="always")
+def _pixel(dst, d0, src, s0, rowstep, colstep, wt, w0, wrow, C, rows, cols):
+    """One output pixel's ``C`` channels at ``dst[d0]``: the taps of ``rows`` x
+    ``cols`` window rows and columns, the first at ``src[s0]`` and ``wt[w0]``
+    (zeros when none)."""
+    if rows <= 0 or cols <= 0:
+        dst[d0:d0 + C] = 0
+        return
+    _taps_window(dst, d0, src, s0, rowstep, colstep, wt, w0, wrow, C, rows, cols, C)
+
+
+@njit(inline="always")
+def _side(i, a, b):
+    """The i-th column outside [a, b) of a row."""
+    return i if i < a else b + i - a
+
+
+@njit(nogil=True, cache=True)
+def _dots(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW):
+    """Add into ``part`` (flat ``[kh, kw, c]``, from ``a0``) the products of ``run``
+    output-gradient pixels from ``dy[g0]`` (``C`` apart) with the ``rows`` x KW
+    window taps they read from ``src``, pixel k's tap (r, j) at ``src[s0 +
+    k*sstep + r*rowstep + j*colstep]``. ``rows``, KW: compile-time constants."""
+    literally(rows)
+    literally(KW)
+    _dots_rows(part, a0, C, src, s0, sstep, rowstep, colstep, dy, g0, C, run, C, rows, KW)
+
+
+@njit(inline="always")
+def _dots_pixel(part, a0, arow, src, s0, rowstep, colstep, dy, g0, C, rows, cols):
+    """Add one output-gradient pixel's products with the ``rows`` x ``cols`` window
+    taps inside the map into ``part`` (tap (r, j) at ``part[a0 + r*arow + j*C]``,
+    ``src[s0 + r*rowstep + j*colstep]``)."""
+    if rows <= 0 or cols <= 0:
+        return
+    _dots_window(part, a0, arow, C, src, s0, rowstep, colstep, dy, g0, rows, cols, C)
 
 
 def _build(KH, KW):
-    # the tap counts of 1 to 5 window rows (WINDOWS have at most 5)
-    T1, T2, T3, T4, T5 = (k * KW for k in range(1, 6))
-
     @njit(parallel=True, nogil=True, cache=True)
     def forward(x, w, y, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         """As :func:`.kernels` ``forward_cl``, for ``x[N, 1, H, W, C]``,
@@ -105,20 +110,28 @@ def _build(KH, KW):
         N, D, H, W, C = x.shape
         _, OD, OH, OW, _ = y.shape
         a, b = _interior(W, pw, KW, rw, sw, OW)
-        toffs, wt = _lane_taps(w, W * rh, rw, C)
+        if a >= b:
+            a = b = 0
+        wt = w.reshape(w.size)
         xf = x.reshape(N * D * H * W * C)
         yf = y.reshape(N * OD * OH * OW * C)
         for job in prange(N * OD * OH):
             nd, oh = _split(job, OH)
             n, od = _split(nd, OD)
-            yrow = y[n, od, oh]
             ih0 = oh * sh - ph
             k0, k1 = _taps_inside(ih0, rh, KH, H)
             s0 = ((n * H + ih0) * W + a * sw - pw) * C
-            done = a < b and _row(yf, (job * OW + a) * C, xf, s0, sw * C, toffs, wt, C, b - a,
-                                  k0, k1, KW, T1, T2, T3, T4, T5)
-            _fwd_cl_sides(x, w, yrow, n, od, oh, a if done else 0, b if done else 0,
-                          sd, sh, sw, rd, rh, rw, pd, ph, pw)
+            if a < b:
+                _row(yf, (job * OW + a) * C, xf, s0, sw * C, W * rh * C, rw * C, wt, C, b - a,
+                     k0, k1, KW)
+            # the columns whose window the sides cut
+            for i in range(a + OW - b):
+                ow = _side(i, a, b)
+                iw0 = ow * sw - pw
+                j0, j1 = _taps_inside(iw0, rw, KW, W)
+                _pixel(yf, (job * OW + ow) * C, xf,
+                       ((n * H + ih0 + k0 * rh) * W + iw0 + j0 * rw) * C, W * rh * C, rw * C,
+                       wt, (k0 * KW + j0) * C, KW * C, C, k1 - k0, j1 - j0)
 
     @njit(parallel=True, nogil=True, cache=True)
     def backprop_input(dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
@@ -131,29 +144,82 @@ def _build(KH, KW):
         # the interior: every tap's column inside dy
         a = max(0, (KW - 1) * rw - pw)
         b = min(W, OW - pw)
-        toffs, wt = _lane_taps(w, -OW * rh, -rw, C)
+        if a >= b:
+            a = b = 0
+        wt = w.reshape(w.size)
         dyf = dy.reshape(N * OD * OH * OW * C)
         dxf = dx.reshape(N * D * H * W * C)
         for job in prange(N * D * H):
             nd, ih = _split(job, H)
             n, id_ = _split(nd, D)
-            dxrow = dx[n, id_, ih]
             oh0 = ih + ph
             k0, k1 = _taps_inside(oh0, -rh, KH, OH)
             s0 = ((n * OH + oh0) * OW + a + pw) * C
-            done = a < b and _row(dxf, (job * W + a) * C, dyf, s0, C, toffs, wt, C, b - a,
-                                  k0, k1, KW, T1, T2, T3, T4, T5)
-            _bin_cl_sides(dy, w, dxrow, n, id_, ih, a if done else 0, b if done else 0,
-                          sd, sh, sw, rd, rh, rw, pd, ph, pw)
+            if a < b:
+                _row(dxf, (job * W + a) * C, dyf, s0, C, -OW * rh * C, -rw * C, wt, C, b - a,
+                     k0, k1, KW)
+            for i in range(a + W - b):
+                iw = _side(i, a, b)
+                j0, j1 = _taps_inside(iw + pw, -rw, KW, OW)
+                _pixel(dxf, (job * W + iw) * C, dyf,
+                       ((n * OH + oh0 - k0 * rh) * OW + iw + pw - j0 * rw) * C, -OW * rh * C,
+                       -rw * C, wt, (k0 * KW + j0) * C, KW * C, C, k1 - k0, j1 - j0)
 
-    return forward, backprop_input
+    # window rows summed in one pass over a row of pixels: all of a 3x3 window's
+    # (9 sums in registers); one at a time for larger windows
+    ALL = KH if KH * KW <= 9 else 1
+
+    @njit(parallel=True, nogil=True, cache=True)
+    def backprop_filter(x, dy, parts, sd, sh, sw, rd, rh, rw, pd, ph, pw):
+        """As :func:`.kernels` ``backprop_filter_cl``, for ``x[N, 1, H, W, C]``,
+        ``dy[N, 1, OH, OW, C]``, partial filters ``parts[P, 1, KH, KW, C, 1]``, C a
+        multiple of 8: partial filter p sums the output rows [p*rows/P,
+        (p+1)*rows/P) (a split that depends on the problem only)."""
+        N, D, H, W, C = x.shape
+        _, OD, OH, OW, _ = dy.shape
+        P = parts.shape[0]
+        rows = N * OD * OH
+        a, b = _interior(W, pw, KW, rw, sw, OW)
+        if a >= b:
+            a = b = 0
+        xf = x.reshape(N * D * H * W * C)
+        dyf = dy.reshape(N * OD * OH * OW * C)
+        for p in prange(P):
+            part = parts[p]
+            part[:] = 0
+            pf = part.reshape(KH * KW * C)
+            for job in range(p * rows // P, (p + 1) * rows // P):
+                nd, oh = _split(job, OH)
+                n, od = _split(nd, OD)
+                ih0 = oh * sh - ph
+                k0, k1 = _taps_inside(ih0, rh, KH, H)
+                if a < b:
+                    s0 = ((n * H + ih0) * W + a * sw - pw) * C
+                    g0 = (job * OW + a) * C
+                    if ALL == KH and k0 == 0 and k1 == KH:
+                        _dots(pf, 0, xf, s0, sw * C, W * rh * C, rw * C, dyf, g0, C, b - a,
+                              ALL, KW)
+                    else:
+                        for r in range(k0, k1):
+                            _dots(pf, r * KW * C, xf, s0 + r * W * rh * C, sw * C, 0, rw * C,
+                                  dyf, g0, C, b - a, 1, KW)
+                for i in range(a + OW - b):
+                    ow = _side(i, a, b)
+                    iw0 = ow * sw - pw
+                    j0, j1 = _taps_inside(iw0, rw, KW, W)
+                    _dots_pixel(pf, (k0 * KW + j0) * C, KW * C, xf,
+                                ((n * H + ih0 + k0 * rh) * W + iw0 + j0 * rw) * C, W * rh * C,
+                                rw * C, dyf, (job * OW + ow) * C, C, k1 - k0, j1 - j0)
+
+    return forward, backprop_input, backprop_filter
 
 
 class LaneKernels:
-    """The lane kernels for one window shape: ``forward`` and ``backprop_input``."""
+    """The lane kernels for one window shape: ``forward``, ``backprop_input`` and
+    ``backprop_filter``."""
 
     def __init__(self, KH, KW):
-        self.forward, self.backprop_input = _build(KH, KW)
+        self.forward, self.backprop_input, self.backprop_filter = _build(KH, KW)
 
 
 _sets = {}

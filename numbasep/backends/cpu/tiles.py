@@ -37,7 +37,7 @@ from .kernels import UNROLLED, _REDUCE_MATH, _u
 WINDOWS = UNROLLED
 from .planes import _bfil_direct, _bin_direct, _fwd_direct
 from .simd import taps_dot8 as _taps_dot8
-from .simd import taps_row8 as _taps_row8
+from .simd import taps_rows as _taps_rows
 from .simd import transpose8 as _t8
 
 # Most tasks a correlation is split into (each sets up its scratch once): enough
@@ -211,6 +211,7 @@ def _build(KH, KW, CB, CL):
             WP = max(pw + SW, (DW - 1) * sw + LB + 1)
             r0, q0, br, bq, step = ph, pw, 0, 0, CB
         wk = w.reshape(KH_ * KW_, C)
+        rstep, cstep = rh * WP * step, rw * step     # a tap row's and column's offsets
         sf = src.reshape(N * C * SH * SW)
         df = dst.reshape(N * C * DH * DW)
         lead = LA if adjoint else 0        # band rows read above the first output row
@@ -229,10 +230,6 @@ def _build(KH, KW, CB, CL):
             wt = np.empty(TAPS * CB, src.dtype)
             chk = np.empty(CB, src.dtype)
             finite = True
-            toffs = np.empty(TAPS, np.int64)
-            for kh in range(KH_):
-                for kw in range(KW_):
-                    toffs[kh * KW_ + kw] = (kh * rh * WP + kw * rw) * step
             for job in range(grp * jobs // groups, (grp + 1) * jobs // groups):
                 blk, n = job // N, job % N
                 c0 = blk * CB
@@ -252,9 +249,8 @@ def _build(KH, KW, CB, CL):
                                False)
                     for i in range(i0, i1):
                         b = ((i * sh + br - lo) * WP + bq) * CB
-                        for g in range(0, cv, 8):
-                            _taps_row8(dt, (i - i0) * DW * CB + g, CB, st, b + g, sw * CB, toffs,
-                                       wt, g, CB, DW, TAPS)
+                        _taps_rows(dt, (i - i0) * DW * CB, CB, st, b, sw * CB, rstep, cstep,
+                                   wt, 0, CB, DW, KH_, cv, KW)
                     _from_tile(dt, (i1 - i0) * DW, cb, df, (n * C + c0) * DH * DW + i0 * DW,
                                DH * DW, down, CB)
                 if finite:
