@@ -87,17 +87,30 @@ def _window_sum(x, s0, rowstep, colstep, wt, w0, wrow, wstep, rows, cols, lane):
     return acc
 
 
-@pytest.mark.parametrize("channels", [8, 16, 24, 40])
+@pytest.fixture(params=[8, 16], ids=["8 lanes", "16 lanes"])
+def lanes(request, monkeypatch):
+    """The intrinsics built for either register width (16: AVX-512 hosts; 8:
+    others), whatever this host has: ``lanes(name)``."""
+    monkeypatch.setattr(simd, "WIDE", request.param)
+
+    def build(name):
+        return simd._by_channels(*simd.CHANNEL_ARGS[name], "")
+    return build
+
+
+@pytest.mark.parametrize("channels", [8, 24, 40])
 @pytest.mark.parametrize("step", [1, 2, -1, 3], ids=["forward", "stride2", "gather", "other"])
-@pytest.mark.parametrize("n", [0, 1, 4, 7, 9])
-def test_taps_rows_sums_each_pixel_in_order(channels, step, n):
+@pytest.mark.parametrize("n", [0, 3, 9])
+def test_taps_rows_sums_each_pixel_in_order(lanes, channels, step, n):
     """Every pixel, channel and window tap, in the scalar kernels' order, for each
     pixel step the intrinsic shares loads on (1 and -1 column steps) and others;
     blocks that overlap at the end of the row; nothing else written."""
+    taps_rows = lanes("taps_rows")
+
     @numba.njit
     def run(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wstep, n, rows, channels):
-        simd.taps_rows(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wstep, n, rows,
-                       channels, 3)
+        taps_rows(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wstep, n, rows,
+                  channels, 3)
 
     rng = np.random.default_rng(channels + n)
     rows, KW = 2, 3
@@ -118,13 +131,14 @@ def test_taps_rows_sums_each_pixel_in_order(channels, step, n):
     np.testing.assert_array_equal(dst, want)
 
 
-@pytest.mark.parametrize("channels", [8, 24, 56, 80])
-@pytest.mark.parametrize("rows, cols", [(1, 1), (1, 3), (3, 1), (2, 4)])
-def test_taps_window_sums_one_pixel_in_order(channels, rows, cols):
+@pytest.mark.parametrize("channels", [8, 56, 80])
+@pytest.mark.parametrize("rows, cols", [(1, 1), (1, 3), (2, 4)])
+def test_taps_window_sums_one_pixel_in_order(lanes, channels, rows, cols):
+    taps_window = lanes("taps_window")
+
     @numba.njit
     def run(dst, d0, x, s0, rowstep, colstep, wt, w0, wrow, wstep, rows, cols, channels):
-        simd.taps_window(dst, d0, x, s0, rowstep, colstep, wt, w0, wrow, wstep, rows, cols,
-                         channels)
+        taps_window(dst, d0, x, s0, rowstep, colstep, wt, w0, wrow, wstep, rows, cols, channels)
 
     rng = np.random.default_rng(channels * 10 + rows)
     C = channels
@@ -154,19 +168,21 @@ def _dots_want(acc, x, g, a0, arow, astep, s0, sstep, rowstep, colstep, g0, gste
     return want
 
 
-@pytest.mark.parametrize("channels", [8, 16, 40])
+@pytest.mark.parametrize("channels", [8, 40])
 @pytest.mark.parametrize("step", [1, 2], ids=["shared", "strided"])
-@pytest.mark.parametrize("n", [0, 1, 5, 8])
+@pytest.mark.parametrize("n", [1, 6])
 @pytest.mark.parametrize("rows", [1, 3])
-def test_dots_rows_adds_each_taps_sum(channels, step, n, rows):
+def test_dots_rows_adds_each_taps_sum(lanes, channels, step, n, rows):
+    dots_rows = lanes("dots_rows")
+
     @numba.njit
     def run(acc, a0, astep, x, s0, sstep, rowstep, colstep, g, g0, gstep, n, channels, rows):
         if rows == 1:
-            simd.dots_rows(acc, a0, astep, x, s0, sstep, rowstep, colstep, g, g0, gstep, n,
-                           channels, 1, 3)
+            dots_rows(acc, a0, astep, x, s0, sstep, rowstep, colstep, g, g0, gstep, n,
+                      channels, 1, 3)
         else:
-            simd.dots_rows(acc, a0, astep, x, s0, sstep, rowstep, colstep, g, g0, gstep, n,
-                           channels, 3, 3)
+            dots_rows(acc, a0, astep, x, s0, sstep, rowstep, colstep, g, g0, gstep, n,
+                      channels, 3, 3)
 
     rng = np.random.default_rng(channels + 7 * n + rows)
     C = channels + 8
@@ -186,13 +202,14 @@ def test_dots_rows_adds_each_taps_sum(channels, step, n, rows):
     assert np.array_equal(acc[~touched], before[~touched])
 
 
-@pytest.mark.parametrize("channels", [8, 24, 72])
-@pytest.mark.parametrize("rows, cols", [(1, 1), (2, 3), (3, 2)])
-def test_dots_window_adds_one_pixels_products(channels, rows, cols):
+@pytest.mark.parametrize("channels", [8, 72])
+@pytest.mark.parametrize("rows, cols", [(1, 1), (2, 3)])
+def test_dots_window_adds_one_pixels_products(lanes, channels, rows, cols):
+    dots_window = lanes("dots_window")
+
     @numba.njit
     def run(acc, a0, arow, astep, x, s0, rowstep, colstep, g, g0, rows, cols, channels):
-        simd.dots_window(acc, a0, arow, astep, x, s0, rowstep, colstep, g, g0, rows, cols,
-                         channels)
+        dots_window(acc, a0, arow, astep, x, s0, rowstep, colstep, g, g0, rows, cols, channels)
 
     rng = np.random.default_rng(channels + rows * 3 + cols)
     C = channels + 8

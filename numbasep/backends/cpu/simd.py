@@ -4,10 +4,11 @@ Each works on float32 or float64 arrays (one element type per call) and leaves
 bounds to the caller, like the kernels' unsigned indexing does. The correlation
 and filter-gradient intrinsics (``taps_rows``, ``taps_window``, ``dots_rows``,
 ``dots_window``) take a channel count, a multiple of 8, and run 16 lanes at a
-time (one AVX-512 register, two AVX2 ones), then 8 for a last group of 8; they
+time where the CPU has AVX-512 (8 elsewhere), then 8 for a last group of 8; they
 read 16-bit operands given as bit patterns and write 16-bit results that way.
 """
 
+from llvmlite import binding as llb
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -293,13 +294,26 @@ BLOCK = 4
 _STEPS = (1, -1, None)
 
 
+def _wide_lanes():
+    """float32 lanes of the host's widest vector registers that the intrinsics use:
+    16 with AVX-512, else 8 (a 16-lane value would take two AVX2 registers, and a
+    block's sums, inputs and weights no longer fit in the 16 of them)."""
+    try:
+        return 16 if llb.get_host_cpu_features().get("avx512f") else 8
+    except Exception:  # pragma: no cover (no feature list)
+        return 8
+
+
+WIDE = _wide_lanes()
+
+
 def _by_channels(make, offsets, channels_at, doc):
     """One intrinsic from the factory ``make(width)`` of typing functions whose
     argument ``channels_at`` counts channel groups of ``width`` lanes: it takes a
-    channel count (a multiple of 8) there instead, and runs ``make(16)``'s code
-    on the groups of 16, then ``make(8)``'s on a last 8 (the element offsets at
-    ``offsets`` moved past the 16s)."""
-    wide, narrow = make(16), make(8)
+    channel count (a multiple of 8) there instead, and runs ``make(WIDE)``'s code
+    on the groups of ``WIDE``, then ``make(8)``'s on a last 8 (the element offsets
+    at ``offsets`` moved past the others)."""
+    wide, narrow = make(WIDE), make(8)
 
     def typer(typingctx, *args):
         typed = wide(typingctx, *args)
@@ -311,11 +325,11 @@ def _by_channels(make, offsets, channels_at, doc):
         def codegen(context, builder, signature, cargs):
             channels = cargs[channels_at]
             ity = channels.type
-            g16 = builder.sdiv(channels, ir.Constant(ity, 16))
-            args16 = list(cargs)
-            args16[channels_at] = g16
-            wide_code(context, builder, signature, args16)
-            shift = builder.mul(g16, ir.Constant(ity, 16))
+            groups = builder.sdiv(channels, ir.Constant(ity, WIDE))
+            args_wide = list(cargs)
+            args_wide[channels_at] = groups
+            wide_code(context, builder, signature, args_wide)
+            shift = builder.mul(groups, ir.Constant(ity, WIDE))
             args8 = list(cargs)
             args8[channels_at] = builder.sdiv(builder.sub(channels, shift), ir.Constant(ity, 8))
             for i in offsets:
@@ -616,7 +630,16 @@ def _dots_window(width):
     return dots_window
 
 
-taps_rows = _by_channels(_taps_rows, (1, 4, 9), 13, """For each pixel k < n and channel c < channels (a multiple of 8; as vectors):
+#: Per intrinsic: its factory, the arguments that are element offsets into the
+#: channel-carrying arrays, and the argument holding the channel count.
+CHANNEL_ARGS = {
+    "taps_rows": (_taps_rows, (1, 4, 9), 13),
+    "taps_window": (_taps_window, (1, 3, 7), 12),
+    "dots_rows": (_dots_rows, (1, 4, 9), 12),
+    "dots_window": (_dots_window, (1, 5, 9), 12),
+}
+
+taps_rows = _by_channels(*CHANNEL_ARGS["taps_rows"], """For each pixel k < n and channel c < channels (a multiple of 8; as vectors):
     ``dst[d0 + c + k*dstep] = sum over window rows r < rows and columns j < kw of``
     ``x[s0 + c + k*sstep + r*rowstep + j*colstep] * wt[w0 + c + (r*kw + j)*wstep]``,
     ``kw`` a compile-time constant, ``rows`` >= 1.
@@ -631,14 +654,14 @@ taps_rows = _by_channels(_taps_rows, (1, 4, 9), 13, """For each pixel k < n and 
     sums (:func:`fma`). 16-bit operands and results may be bit patterns
     (:func:`.halves.value`; results rounded to nearest even as stored).""")
 
-taps_window = _by_channels(_taps_window, (1, 3, 7), 12, """For each channel c < channels (a multiple of 8; as vectors):
+taps_window = _by_channels(*CHANNEL_ARGS["taps_window"], """For each channel c < channels (a multiple of 8; as vectors):
     ``dst[d0 + c] = sum over rows r < rows and columns j < cols of``
     ``x[s0 + c + r*rowstep + j*colstep] * wt[w0 + c + r*wrow + j*wstep]``,
     ``rows``, ``cols`` >= 1: one output pixel whose window the map's edges cut,
     summed as :func:`taps_rows` sums (fused, in (row, column) order, the first
     product rounded alone), four channel groups side by side.""")
 
-dots_rows = _by_channels(_dots_rows, (1, 4, 9), 12, """For each channel c < channels (a multiple of 8; as vectors), window row r <
+dots_rows = _by_channels(*CHANNEL_ARGS["dots_rows"], """For each channel c < channels (a multiple of 8; as vectors), window row r <
     rows and column j < kw (compile-time constants):
     ``acc[a0 + c + (r*kw + j)*astep] += sum over pixels k < n of``
     ``x[s0 + c + k*sstep + r*rowstep + j*colstep] * g[g0 + c + k*gstep]``.
@@ -650,7 +673,7 @@ dots_rows = _by_channels(_dots_rows, (1, 4, 9), 12, """For each channel c < chan
     read it. Fused multiply-adds in pixel order per tap and lane. 16-bit operands
     may be bit patterns (:func:`.halves.value`).""")
 
-dots_window = _by_channels(_dots_window, (1, 5, 9), 12, """For each channel c < channels (a multiple of 8; as vectors), row r < rows and
+dots_window = _by_channels(*CHANNEL_ARGS["dots_window"], """For each channel c < channels (a multiple of 8; as vectors), row r < rows and
     column j < cols: ``acc[a0 + c + r*arow + j*astep] +=``
     ``x[s0 + c + r*rowstep + j*colstep] * g[g0 + c]``: one output-gradient pixel
     whose window the map's edges cut, into the filter gradient's sums (fused,
