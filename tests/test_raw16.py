@@ -28,6 +28,13 @@ def row_kernels(monkeypatch):
     monkeypatch.setattr(driver, "_filter_tile_width", lambda plan: 0)
     monkeypatch.setattr(driver, "_tile_width", lambda plan, adjoint=False: 0)
     support.route_afresh(monkeypatch)
+    return _bits_switch(monkeypatch)
+
+
+def _bits_switch(monkeypatch):
+    """switch(raw): the driver gets 16-bit bit patterns (raw) or None from
+    ``halves.bits`` (then widened copies and float32 results); ``switch.seen``
+    records whether each request got bits."""
     seen = []
     bits = halves.bits
 
@@ -102,16 +109,8 @@ def lane_kernels(monkeypatch):
         taken.append(r is not None and r.writes16)
         return r
     monkeypatch.setattr(driver, "_correlation", spy)
-    seen = []
-    bits = halves.bits
-
-    def switch(raw):
-        def bits_spy(a):
-            r = bits(a) if raw else None
-            seen.append(r is not None)
-            return r
-        monkeypatch.setattr(halves, "bits", bits_spy)
-    switch.seen, switch.taken = seen, taken
+    switch = _bits_switch(monkeypatch)
+    switch.taken = taken
     return switch
 
 
