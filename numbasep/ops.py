@@ -39,6 +39,20 @@ def _native_out(be, out, name):
         raise InvalidArgumentError(str(e)) from None
 
 
+def _refuse_shared(be, outs, arrays):
+    """Refuse result arrays that share memory with an argument or with each other:
+    the kernels read their arguments while they write, so an overlap would give
+    silently wrong results. ``outs`` and ``arrays`` are (name, array) pairs; None
+    entries of ``outs`` (results to allocate) are skipped."""
+    given = [(name, o) for name, o in outs if o is not None]
+    for i, (name, o) in enumerate(given):
+        for other, a in (*arrays, *given[:i]):
+            if be.shares_memory(o, a):
+                raise InvalidArgumentError(
+                    f"{name} shares memory with {other}; results must be written to "
+                    f"arrays of their own")
+
+
 def _outs(out, count):
     if out is None:
         return (None,) * count
@@ -158,7 +172,10 @@ def _rerun(hit, named, out, like):
     be, run = hit
     prepare = be.prepare
     arrays = [prepare(a, name) for name, a in named]
-    o = None if out is None else _native_out(be, out, "out")
+    o = None
+    if out is not None:
+        o = _native_out(be, out, "out")
+        _refuse_shared(be, (("out", o),), zip((name for name, _ in named), arrays))
     return be.wrap(run(*arrays, o), like)
 
 
@@ -231,6 +248,7 @@ def depthwise_conv2d_native(input, filter, strides, padding, explicit_paddings=(
                               explicit_paddings, data_format, dilations)
     plan = plan.with_dtype(_dtype(be, (("input", x), ("filter", w))))
     o = _out(be, out, plan.output_shape, plan.dtype)
+    _refuse_shared(be, (("out", o),), (("input", x), ("filter", w)))
     _check_memory(be, plan, [("the output", plan.output_shape, o is not None, True)],
                   (("input", x), ("filter", w)), "input, filter, " + _RAW_ATTRS)
     _remember(key, be, plan, "depthwise_forward", (x, w), o)
@@ -288,6 +306,7 @@ def depthwise_conv2d_native_backprop_input(input_sizes, filter, out_backprop, st
                                      explicit_paddings, data_format, dilations)
     plan = plan.with_dtype(_dtype(be, (("filter", w), ("out_backprop", dy))))
     o = _out(be, out, plan.input_shape, plan.dtype)
+    _refuse_shared(be, (("out", o),), (("filter", w), ("out_backprop", dy)))
     _check_memory(be, plan, [("the input gradient", plan.input_shape, o is not None, True)],
                   (("filter", w), ("out_backprop", dy)),
                   "input_sizes, filter, out_backprop, " + _RAW_ATTRS)
@@ -345,6 +364,7 @@ def depthwise_conv2d_native_backprop_filter(input, filter_sizes, out_backprop, s
                                       padding, explicit_paddings, data_format, dilations)
     plan = plan.with_dtype(_dtype(be, (("input", x), ("out_backprop", dy))))
     o = _out(be, out, plan.filter_shape, plan.dtype)
+    _refuse_shared(be, (("out", o),), (("input", x), ("out_backprop", dy)))
     _check_memory(be, plan, [("the filter gradient", plan.filter_shape, o is not None, False)],
                   (("input", x), ("out_backprop", dy)),
                   "filter_sizes, input, out_backprop, " + _RAW_ATTRS, filter_grad=True)
@@ -399,6 +419,7 @@ def depthwise_conv(inputs, kernel, strides=1, padding="valid", data_format=None,
     plan = shapes.keras(be.shape(x), be.shape(w), strides, padding, data_format, dilation_rate)
     plan = plan.with_dtype(_dtype(be, (("inputs", x), ("kernel", w))))
     o = _out(be, out, plan.output_shape, plan.dtype)
+    _refuse_shared(be, (("out", o),), (("inputs", x), ("kernel", w)))
     _check_memory(be, plan, [("the output", plan.output_shape, o is not None, True)],
                   (("inputs", x), ("kernel", w)), "inputs, kernel, " + _KERAS_ATTRS)
     _remember(key, be, plan, "depthwise_forward", (x, w), o)
@@ -446,6 +467,8 @@ def separable_conv(inputs, depthwise_kernel, pointwise_kernel, strides=1, paddin
     plan = plan.with_dtype(_dtype(be, (("inputs", x), ("depthwise_kernel", dk),
                              ("pointwise_kernel", pk))))
     o = _out(be, out, plan.separable_output_shape, plan.dtype)
+    _refuse_shared(be, (("out", o),), (("inputs", x), ("depthwise_kernel", dk),
+                                       ("pointwise_kernel", pk)))
     _check_memory(be, plan, [("the output", plan.separable_output_shape, o is not None, False)],
                   (("inputs", x), ("depthwise_kernel", dk), ("pointwise_kernel", pk)),
                   "inputs, depthwise_kernel, pointwise_kernel, " + _KERAS_ATTRS,
@@ -488,6 +511,8 @@ def depthwise_conv_grad(inputs, kernel, out_grad, strides=1, padding="valid",
     o_dx, o_dw = _outs(out, 2)
     o_dx = _out(be, o_dx, plan.input_shape, plan.dtype, "out[0]")
     o_dw = _out(be, o_dw, plan.filter_shape, plan.dtype, "out[1]")
+    _refuse_shared(be, (("out[0]", o_dx), ("out[1]", o_dw)),
+                   (("inputs", x), ("kernel", w), ("out_grad", dy)))
     _check_memory(be, plan, [("the inputs gradient", plan.input_shape, o_dx is not None, True),
                              ("the kernel gradient", plan.filter_shape, o_dw is not None,
                               False)],
@@ -539,6 +564,9 @@ def separable_conv_grad(inputs, depthwise_kernel, pointwise_kernel, out_grad, st
     o_dx = _out(be, o_dx, plan.input_shape, plan.dtype, "out[0]")
     o_dk = _out(be, o_dk, plan.filter_shape, plan.dtype, "out[1]")
     o_pk = _out(be, o_pk, plan.pointwise_shape, plan.dtype, "out[2]")
+    _refuse_shared(be, (("out[0]", o_dx), ("out[1]", o_dk), ("out[2]", o_pk)),
+                   (("inputs", x), ("depthwise_kernel", dk), ("pointwise_kernel", pk),
+                    ("out_grad", dy)))
     _check_memory(be, plan, [("the inputs gradient", plan.input_shape, o_dx is not None, True),
                              ("the depthwise_kernel gradient", plan.filter_shape,
                               o_dk is not None, False),

@@ -333,6 +333,21 @@ def test_out_errors():
                                          out=cuda.device_array((1, 4, 4, 2), np.float64))
 
 
+def test_out_sharing_memory_with_an_argument_is_refused():
+    x = dev(np.ones((1, 4, 4, 2), np.float32))
+    w = dev(np.ones((3, 3, 2, 1), np.float32))
+    with pytest.raises(numbasep.InvalidArgumentError, match="out shares memory with input"):
+        numbasep.depthwise_conv2d_native(x, w, [1, 1, 1, 1], "SAME", out=x)
+    assert (host(x) == 1).all()
+    buf = cuda.to_device(np.ones((2, 4, 4, 2), np.float32))
+    with pytest.raises(numbasep.InvalidArgumentError, match="out shares memory with input"):
+        numbasep.depthwise_conv2d_native(buf[:1], w, [1, 1, 1, 1], "SAME", out=buf[:1])
+    y = numbasep.depthwise_conv2d_native(buf[:1], w, [1, 1, 1, 1], "SAME", out=buf[1:])
+    check(y, numbasep.depthwise_conv2d_native(np.ones((1, 4, 4, 2), np.float32),
+                                              np.ones((3, 3, 2, 1), np.float32),
+                                              [1, 1, 1, 1], "SAME"))
+
+
 def test_results_stay_on_device(monkeypatch):
     """No host copy on the path: copying a device array to the host fails during the op."""
     rng = np.random.default_rng(6)

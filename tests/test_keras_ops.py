@@ -564,6 +564,60 @@ def test_out_argument_rejected():
                                      out=(None, None))
 
 
+def test_out_sharing_memory_with_an_argument_is_refused():
+    """Every kernel reads its arguments while it writes: an ``out`` that overlaps one
+    is refused before anything is written, on the checking path and on the
+    repeated-call path alike. Views that interleave in one buffer do not overlap."""
+    rng = np.random.default_rng(8)
+    x = rng.uniform(-1, 1, (2, 6, 6, 8)).astype(np.float32)
+    k = rng.uniform(-1, 1, (3, 3, 8, 1)).astype(np.float32)
+    g = rng.uniform(-1, 1, (2, 6, 6, 8)).astype(np.float32)
+    kw = dict(padding="same", data_format="channels_last")
+    want = numbasep.depthwise_conv(x, k, **kw)
+    # the first call with this key passes the checks and is remembered; the second
+    # (same shapes, strides and dtypes) takes the repeated-call path
+    numbasep.depthwise_conv(x, k, **kw, out=np.empty_like(x))
+    for attempt in range(2):
+        xs = x.copy()
+        with pytest.raises(numbasep.InvalidArgumentError, match="out shares memory with inputs"):
+            numbasep.depthwise_conv(xs, k, **kw, out=xs)
+        np.testing.assert_array_equal(xs, x)
+    with pytest.raises(numbasep.InvalidArgumentError,
+                       match="out shares memory with out_backprop"):
+        gs = g.copy()
+        numbasep.depthwise_conv2d_native_backprop_input(
+            list(x.shape), k, gs, [1, 1, 1, 1], "SAME", out=gs)
+    with pytest.raises(numbasep.InvalidArgumentError, match="out shares memory with input"):
+        xs = x.copy()
+        numbasep.depthwise_conv2d_native_backprop_filter(
+            xs, list(k.shape), g, [1, 1, 1, 1], "SAME",
+            out=xs.reshape(-1)[:k.size].reshape(k.shape))
+    # the two gradients' outs carved from one buffer, overlapping each other
+    flat = np.empty(x.size + k.size, np.float32)
+    with pytest.raises(numbasep.InvalidArgumentError,
+                       match=r"out\[1\] shares memory with out\[0\]"):
+        numbasep.depthwise_conv_grad(x, k, g, **kw, out=(flat[:x.size].reshape(x.shape),
+                                                          flat[4:4 + k.size].reshape(k.shape)))
+    # ... and side by side: accepted
+    dx, dk = numbasep.depthwise_conv_grad(x, k, g, **kw, out=(
+        flat[:x.size].reshape(x.shape), flat[x.size:].reshape(k.shape)))
+    ref_dx, ref_dk = numbasep.depthwise_conv_grad(x, k, g, **kw)
+    np.testing.assert_array_equal(dx, ref_dx)
+    np.testing.assert_array_equal(dk, ref_dk)
+    # the input and the output interleaved channel by channel in one buffer
+    buf = np.empty(x.shape[:-1] + (2 * x.shape[-1],), np.float32)
+    buf[..., ::2] = x
+    got = numbasep.depthwise_conv(buf[..., ::2], k, **kw, out=buf[..., 1::2])
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(buf[..., ::2], x)
+    pk = rng.uniform(-1, 1, (1, 1, 8, 8)).astype(np.float32)
+    with pytest.raises(numbasep.InvalidArgumentError, match="out shares memory with inputs"):
+        numbasep.separable_conv(x, k, pk, **kw, out=x)
+    with pytest.raises(numbasep.InvalidArgumentError,
+                       match=r"out\[2\] shares memory with pointwise_kernel"):
+        numbasep.separable_conv_grad(x, k, pk, g, **kw, out=(None, None, pk))
+
+
 # ------------------------------------------------------------------ special values, sizes
 
 @pytest.mark.parametrize("fmt", FORMATS)

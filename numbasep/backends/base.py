@@ -13,6 +13,41 @@ composition only where fusing steps pays.
 """
 
 
+def span(shape, strides, itemsize):
+    """[lo, hi): the bytes, relative to its first element, that an array of
+    ``shape`` and byte ``strides`` touches (empty for a zero-size array)."""
+    if 0 in shape:
+        return 0, 0
+    lo = sum((s - 1) * st for s, st in zip(shape, strides) if st < 0)
+    hi = sum((s - 1) * st for s, st in zip(shape, strides) if st > 0) + itemsize
+    return lo, hi
+
+
+def _address_range(arr):
+    """[start, end) absolute addresses ``arr`` spans, from its CUDA or NumPy
+    array interface; None when it has neither."""
+    for attr in ("__cuda_array_interface__", "__array_interface__"):
+        try:
+            iface = getattr(arr, attr)
+        except (AttributeError, RuntimeError):
+            continue
+        try:
+            shape = tuple(int(s) for s in iface["shape"])
+            itemsize = int(iface["typestr"][2:])
+            strides = iface.get("strides")
+            if strides is None:
+                strides, step = [], itemsize
+                for s in reversed(shape):
+                    strides.insert(0, step)
+                    step *= max(s, 1)
+            lo, hi = span(shape, strides, itemsize)
+            ptr = int(iface["data"][0] or 0)
+        except (KeyError, TypeError, ValueError, IndexError):
+            return None
+        return ptr + lo, ptr + hi
+    return None
+
+
 class Backend:
     """Base class of the backends registered in :mod:`numbasep.backends`."""
 
@@ -33,6 +68,16 @@ class Backend:
     def check_out(self, out, argname):
         """Return a user-supplied result array as this backend's array type."""
         return self.prepare(out, argname)
+
+    def shares_memory(self, a, b):
+        """Whether writing array ``a`` could change array ``b``. The default
+        compares the address ranges their array interfaces describe (so arrays
+        that interleave in one buffer count as sharing); a backend that cannot
+        tell answers False."""
+        ra, rb = _address_range(a), _address_range(b)
+        if ra is None or rb is None:
+            return False
+        return ra[0] < ra[1] and rb[0] < rb[1] and ra[0] < rb[1] and rb[0] < ra[1]
 
     def wrap(self, result, like):
         """Return ``result`` as the kind of array the caller passed (``like``)."""

@@ -463,17 +463,16 @@ def _filter_gradient_route(plan):
                    raw16=_reads_bits(plan))
 
 
-def _result16(plan, shape, out, data):
+def _result16(plan, shape, out):
     """For a kernel that writes 16-bit results itself: (the array to return, the bit
     patterns the kernel writes into it), or None (then float32 sums are rounded
     afterwards): a 16-bit ``plan``, and ``out`` None or C-contiguous of its dtype
-    and not sharing memory with the data the kernel reads."""
+    (never one sharing memory with an argument: the operators refuse those)."""
     if plan.dtype.itemsize != 2:
         return None
     if out is None:
         final = np.empty(shape, plan.dtype)
-    elif out.dtype == plan.dtype and out.flags.c_contiguous \
-            and not np.may_share_memory(out, data):
+    elif out.dtype == plan.dtype and out.flags.c_contiguous:
         final = out
     else:
         return None
@@ -483,7 +482,7 @@ def _result16(plan, shape, out, data):
 
 def _correlate(launch, plan, data, w, shape, out, wide):
     """Run a forward or input-gradient :class:`_Launch`: a result of ``shape``."""
-    direct = launch.writes16 and not wide and _result16(plan, shape, out, data)
+    direct = launch.writes16 and not wide and _result16(plan, shape, out)
     if direct:
         final, bits = direct
         if not _nothing_to_do(bits, data, w):
@@ -626,6 +625,9 @@ def _back_to_first(plan, res, out):
     return np.ascontiguousarray(moved, plan.dtype)
 
 
+_TooHardError = getattr(np, "exceptions", np).TooHardError   # np.exceptions: NumPy >= 1.25
+
+
 class CPUBackend(base.Backend):
     name = "cpu"
 
@@ -639,6 +641,15 @@ class CPUBackend(base.Backend):
 
     def dtype(self, arr):
         return arr.dtype
+
+    def shares_memory(self, a, b):
+        """Exact for the strides a caller can build in practice (views that
+        interleave in one buffer do not count); past NumPy's work bound, the
+        address ranges decide."""
+        try:
+            return np.shares_memory(a, b, max_work=1 << 16)
+        except _TooHardError:
+            return np.may_share_memory(a, b)
 
     def workspace_bytes(self, plan):
         """Depth multipliers above 1 are computed on the input with its channels

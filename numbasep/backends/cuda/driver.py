@@ -198,8 +198,7 @@ def _sim_from_interface(obj, iface):
     if math.prod(shape) == 0 or not ptr:
         arr = np.empty(shape, dtype)
     else:
-        lo = sum((s - 1) * st for s, st in zip(shape, strides) if st < 0)
-        hi = sum((s - 1) * st for s, st in zip(shape, strides) if st > 0) + dtype.itemsize
+        lo, hi = base.span(shape, strides, dtype.itemsize)
         buf = (ctypes.c_byte * (hi - lo)).from_address(ptr + lo)
         arr = np.ndarray(shape, dtype, buffer=buf, offset=-lo, strides=strides)
     fake = FakeCUDAArray(arr)
