@@ -1,16 +1,19 @@
-"""The channels-last forward and input gradient on the lane kernels
-(numbasep/backends/cpu/lanes.py).
+"""The channels-last forward, input gradient and filter gradient on the lane
+kernels (numbasep/backends/cpu/lanes.py).
 
-Channels-last float32 (and 16-bit) forwards and stride-1 input gradients, with
-the windows of ``lanes.WINDOWS`` and a multiple of 8 channels, compute each
-row's interior 16 (then 8) channels at a time across the row; rows whose window
-reaches past the top or the bottom of the map sum only the window rows inside
-it, and the side columns sum only the window columns inside it. The tests aim at what is theirs: every count of
-window rows cut off (paddings up to 4, dilations, maps shorter than the window),
-strided forwards, channel counts of one and several 8-lane groups, agreement
-with the row kernels to the bit, non-finite values next to the padding, and
-which problems they take. Routing is forced both ways, so that the row kernels
-keep their coverage of the same problems.
+Channels-last float32 (and 16-bit) problems with the windows of
+``lanes.WINDOWS`` and a multiple of 8 channels compute each row's interior 16
+(then 8) channels at a time across the row; rows whose window reaches past the
+top or the bottom of the map sum only the window rows inside it, and the side
+columns sum only the window columns inside it. Strided input gradients (dilation
+1) are computed by phases: per input row and column phase, a stride-1 gather of
+a sub-window, over pixels a stride apart, in chunks on long rows. The tests aim
+at what is theirs: every count of window rows cut off (paddings up to 4,
+dilations, maps shorter than the window), strides 2 and 3 (every count of
+phase taps), chunked rows, channel counts of one and several 8-lane groups,
+agreement with the row kernels to the bit, non-finite values next to the
+padding, and which problems they take. Routing is forced both ways, so that the
+row kernels keep their coverage of the same problems.
 """
 
 import numpy as np
@@ -29,9 +32,9 @@ BI = numbasep.depthwise_conv2d_native_backprop_input
 @pytest.fixture
 def route(monkeypatch):
     """route(True): every problem the lane kernels are built for (windows of
-    ``lanes.WINDOWS``, a multiple of 8 channels, float32, stride 1 for the input
-    gradient) goes to them, whatever its size; route(False): none does. Returns
-    the decisions taken."""
+    ``lanes.WINDOWS``, a multiple of 8 channels, float32, dilation 1 for a strided
+    input gradient) goes to them, whatever its size; route(False): none does.
+    Returns the decisions taken."""
     seen = []
 
     def set_route(on):
@@ -39,7 +42,8 @@ def route(monkeypatch):
             ok = (on and plan.channels_last and driver._flat(plan)
                   and plan.kernel[1:] in lanes.WINDOWS and plan.channels % 8 == 0
                   and plan.dtype == np.float32
-                  and not (adjoint and plan.strides[1:] != (1, 1)))
+                  and not (adjoint and plan.strides[1:] != (1, 1)
+                           and plan.dilations[1:] != (1, 1)))
             seen.append(ok)
             return ok
         monkeypatch.setattr(driver, "_by_lanes", by_lanes)
@@ -98,6 +102,32 @@ def test_the_lanes_give_the_row_kernels_bits(route, problem):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("k, strides, width", [
+    ((3, 3), (2, 2), 115), ((5, 5), (2, 2), 118), ((7, 7), (2, 2), 121), ((1, 5), (1, 3), 116),
+    ((3, 3), (3, 3), 120)])
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+def test_long_strided_input_gradient_rows_in_chunks(route, k, strides, width, padding):
+    """Rows longer than ``lanes._CHUNKED_ROW`` elements: each phase in chunks, the
+    last one overlapping the one before; the reference's values and the row
+    kernels' bits."""
+    assert width * 72 > lanes._CHUNKED_ROW
+    xs, fs = (1, 5, width, 72), k + (72, 1)
+    attrs = dict(strides=[1, *strides, 1], padding=padding)
+    seen = route(True)
+    seen.clear()
+    support.assert_three_ops_match_the_reference(xs, fs, attrs, np.float32)
+    assert all(seen)
+    rng = np.random.default_rng(width)
+    w = rng.standard_normal(fs).astype(np.float32)
+    y = F(np.zeros(xs, np.float32), w, **attrs)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    got = [None, None]
+    for on in (True, False):
+        route(on)
+        got[on] = BI(list(xs), w, dy, **attrs)
+    np.testing.assert_array_equal(got[True], got[False])
+
+
 @pytest.mark.parametrize("where", ["x", "w"])
 @pytest.mark.parametrize("value", [np.inf, np.nan])
 def test_non_finite_values_propagate_as_in_the_row_kernels(route, where, value):
@@ -132,12 +162,12 @@ def test_which_problems_the_lane_kernels_take(monkeypatch):
     monkeypatch.setattr(driver, "_by_lanes", spy)
     support.route_afresh(monkeypatch)
 
-    def taken(shape, k=3, strides=(1, 1, 1, 1), dtype=np.float32):
+    def taken(shape, k=3, strides=(1, 1, 1, 1), dtype=np.float32, dilations=(1, 1, 1, 1)):
         seen.clear()
         x = np.ones(shape, dtype)
         w = np.ones((k, k, shape[-1], 1), dtype)
-        y = F(x, w, list(strides), "SAME")
-        BI(list(shape), w, y, list(strides), "SAME")
+        y = F(x, w, list(strides), "SAME", dilations=list(dilations))
+        BI(list(shape), w, y, list(strides), "SAME", dilations=list(dilations))
         return dict(seen)
 
     assert taken((1, 7, 7, 960)) == {False: True, True: True}
@@ -149,9 +179,12 @@ def test_which_problems_the_lane_kernels_take(monkeypatch):
     assert taken((1, 7, 7, 12)) == {False: False, True: False}       # not whole 8s
     assert taken((1, 7, 7, 16), k=2) == {False: False, True: False}  # no 2x2 lanes
     assert taken((1, 7, 7, 16), dtype=np.float64) == {False: False, True: False}
-    assert taken((1, 14, 14, 16), strides=(1, 2, 2, 1)) == {False: True, True: False}
-    assert taken((1, 56, 56, 16), strides=(1, 2, 2, 1)) == {False: True, True: False}
-    assert taken((1, 112, 112, 96), strides=(1, 2, 2, 1)) == {False: False, True: False}
+    assert taken((1, 14, 14, 16), strides=(1, 2, 2, 1)) == {False: True, True: True}
+    assert taken((1, 56, 56, 16), strides=(1, 2, 2, 1)) == {False: True, True: True}
+    assert taken((1, 112, 112, 96), strides=(1, 2, 2, 1)) == {False: False, True: True}
+    # strided input gradients by phases: dilation 1 only
+    assert taken((1, 14, 14, 16), strides=(1, 2, 2, 1),
+                 dilations=(1, 1, 2, 1)) == {False: True, True: False}
 
 
 def test_filter_gradient_independent_of_thread_count():

@@ -108,8 +108,9 @@ def test_taps_rows_sums_each_pixel_in_order(lanes, channels, step, n):
     taps_rows = lanes("taps_rows")
 
     @numba.njit
-    def run(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wstep, n, rows, channels):
-        taps_rows(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wstep, n, rows,
+    def run(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
+            channels):
+        taps_rows(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
                   channels, 3)
 
     rng = np.random.default_rng(channels + n)
@@ -120,14 +121,15 @@ def test_taps_rows_sums_each_pixel_in_order(lanes, channels, step, n):
     rowstep = 40 * C
     s0 = 20 * C + 3
     x = rng.standard_normal(s0 + 2 * rowstep + 40 * C).astype(np.float32)
-    wt = rng.standard_normal(rows * KW * C + 8).astype(np.float32)
+    wrow, wstep = 7 * C, 2 * C        # weight rows and columns apart as in a strided gather
+    wt = rng.standard_normal(rows * wrow + 8).astype(np.float32)
     dst = np.full(n * C + 50, np.float32(-7))
-    run(dst, 5, C, x, s0, sstep, rowstep, colstep, wt, 2, C, n, rows, channels)
+    run(dst, 5, C, x, s0, sstep, rowstep, colstep, wt, 2, wrow, wstep, n, rows, channels)
     want = np.full_like(dst, np.float32(-7))
     for k in range(n):
         for lane in range(channels):
             want[5 + k * C + lane] = _window_sum(x, s0 + k * sstep, rowstep, colstep, wt, 2,
-                                                 KW * C, C, rows, KW, lane)
+                                                 wrow, wstep, rows, KW, lane)
     np.testing.assert_array_equal(dst, want)
 
 

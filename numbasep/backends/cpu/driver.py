@@ -282,11 +282,11 @@ def _lanes_filter_gradient(plan):
 
 def _by_lanes(plan, adjoint):
     """Whether a channels-last forward or filter gradient (input gradient:
-    ``adjoint``, stride 1 only) runs on the lane kernels (:mod:`.lanes`): 1-D and
-    2-D, depth multiplier 1, the windows of ``lanes.WINDOWS``, a multiple of 8
-    channels, float32 sums; at stride 1 rows of at most ``_LANE_RUN_ELEMS``
-    elements, strided forwards rows of at most ``_LANE_ROW`` pixels and
-    ``_LANE_ROW_ELEMS`` elements.
+    ``adjoint``) runs on the lane kernels (:mod:`.lanes`): 1-D and 2-D, depth
+    multiplier 1, the windows of ``lanes.WINDOWS``, a multiple of 8 channels,
+    float32 sums; at stride 1, and for strided input gradients with dilation 1,
+    rows of at most ``_LANE_RUN_ELEMS`` elements; strided forwards rows of at
+    most ``_LANE_ROW`` pixels and ``_LANE_ROW_ELEMS`` elements.
 
     2 threads, N=8, float32 NHWC, lanes / row kernels, min of 3 interleaved
     rounds (``_by_lanes`` forced either way). Forward: 56x56x144 0.74-0.83 /
@@ -299,14 +299,17 @@ def _by_lanes(plan, adjoint):
     1-D 1024x512 5-tap rows (0.80-0.94 / 0.68-0.84), 147x147x128 (7.8-9.0 /
     7.4-8.1: rows of 18816 elements, read from L3 in the lanes' channel-group
     order) and the strided 112x112x96 (1.10-1.19 / 0.88-0.90). float64 stays
-    there too, which spares CI the compilations."""
+    there too, which spares CI the compilations. Strided input gradients (stride
+    2, by phases), lanes / row kernels, same rounds: 112x112x96 N=8 1.61 / 2.48;
+    56x56x144 0.61 / 0.85; 56x56x72 5x5 0.35 / 0.84; N=32 14.0 / 15.9, 2.23 /
+    3.92, 1.48 / 3.63."""
     if not _lanes_fit(plan):
         return False
     row = plan.in_sizes[2] if adjoint else plan.out_sizes[2]
     if plan.strides[1:] == (1, 1):
         return row * plan.channels <= _LANE_RUN_ELEMS
     if adjoint:
-        return False
+        return plan.dilations[1:] == (1, 1) and row * plan.channels <= _LANE_RUN_ELEMS
     return row <= _LANE_ROW and row * plan.channels <= _LANE_ROW_ELEMS
 
 
@@ -381,9 +384,12 @@ def _correlation(plan, adjoint):
     five = (plan.input_shape5, plan.output_shape5)
     if _by_lanes(plan, adjoint):
         lk = lanes.kernels(plan.kernel[1], plan.kernel[2])
-        kern = lk.backprop_input if adjoint else lk.forward
         if adjoint:
+            kern = lk.backprop_input if plan.strides[1:] == (1, 1) else \
+                lk.backprop_input_strided
             five = five[::-1]
+        else:
+            kern = lk.forward
         raw16 = _reads_bits(plan)
         return _Launch(kern, (five[0], plan.filter_shape5, five[1]), _params(plan),
                        raw16=raw16, writes16=raw16)

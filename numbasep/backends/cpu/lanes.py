@@ -1,17 +1,23 @@
-"""Channels-last forward and stride-1 input gradient, 16 channels at a time
-across each row, in vector registers.
+"""Channels-last forward, input gradient and filter gradient, 16 channels at a
+time across each row, in vector registers.
 
 Each output row's interior (the pixels whose whole window lies inside the map)
-is computed by :func:`.simd.taps_rows16` (then ``taps_rows8`` for a last group of
-8 channels): blocks of pixels whose sums stay in registers through the window,
+is computed by :func:`.simd.taps_rows` (16 lanes, then 8 for a last group of 8
+channels): blocks of pixels whose sums stay in registers through the window,
 each input vector loaded once for all the taps of the block that read it, one
 fused multiply-add per tap. Rows whose window reaches past the top or bottom of
 the map sum the window rows inside it; the side pixels, whose window the left
 or right edge cuts, sum the window columns inside it
-(:func:`.simd.taps_window16`). No product with the padding is ever formed, and
+(:func:`.simd.taps_window`). No product with the padding is ever formed, and
 every sum is formed as the row kernels of :mod:`.kernels` form it (taps in
 (kh, kw) order, fused with :func:`.simd.fma`, the first product rounded alone),
 so the two give the same bits.
+
+A strided input gradient is a gather by phases: the input pixels of one row
+and one column phase (a stride apart) read the same sub-window, whose taps sit
+one output-gradient pixel apart, so each phase is a stride-1 gather over pixels
+a stride apart. The filter gradient sums the products of each output-gradient
+row with the window rows it reads in registers (:func:`.simd.dots_rows`).
 
 16-bit operands are read as their bit patterns and 16-bit results written as
 theirs (the driver's ``raw16`` / ``writes16``): every result element is stored
@@ -61,18 +67,65 @@ def _row(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW):
         return
     s0 += k0 * rowstep
     w0 = k0 * KW * C
-    _taps_rows(dst, d0, C, src, s0, sstep, rowstep, colstep, wt, w0, C, run, rows, C, KW)
+    _taps_rows(dst, d0, C, src, s0, sstep, rowstep, colstep, wt, w0, KW * C, C, run, rows, C,
+               KW)
+
+
+# Input-gradient rows longer than this (elements) are computed in chunks of
+# _PHASE_CHUNK pixels per phase, every channel group of a chunk before the next
+# chunk, so that a chunk's stores stay near each other; shorter rows one channel
+# group at a time across the whole phase. Stride 2, 2 threads, min of 3
+# interleaved rounds, whole phase / chunks of 8 (of 4, 12, 16 and 32 pixels, 8
+# measured best): 112x112x96 3x3 (rows of 10752) N=8 1.82-1.96 / 1.57-1.60 ms,
+# N=1 0.216 / 0.185, N=32 14.3 / 14.5; 56x56x144 3x3 (8064) N=8 0.51-0.59 /
+# 0.53-0.55; 56x56x72 5x5 (4032) N=8 0.31-0.35 / 0.34-0.39.
+_CHUNKED_ROW = 1 << 13
+_PHASE_CHUNK = 8
+
+
+@njit(nogil=True, cache=True)
+def _phase_row(dst, d0, dstep, src, s0, rowstep, wt, w0, wrow, wstep, C, run, rows, J, chunk):
+    """``run`` input-gradient pixels of one column phase from ``dst[d0]`` on,
+    ``dstep`` apart, each the gather of ``rows`` x J taps (J a compile-time
+    constant, 1 to 4): pixel k's tap (r, j) at ``src[s0 + (k - j)*C + r*rowstep]``
+    and ``wt[w0 + r*wrow + j*wstep]``; zeros when there are no taps. ``chunk``
+    pixels at a time (the last chunk ends at pixel ``run``)."""
+    if rows == 0 or J == 0:
+        for k in range(run):
+            dst[d0 + k * dstep:d0 + k * dstep + C] = 0
+        return
+    n = min(run, chunk)
+    for k in range(0, run, n):
+        k = min(k, run - n)
+        _phase_chunk(dst, d0 + k * dstep, dstep, src, s0 + k * C, rowstep, wt, w0, wrow, wstep,
+                     C, n, rows, J)
 
 
 @njit(inline="always")
-def _pixel(dst, d0, src, s0, rowstep, colstep, wt, w0, wrow, C, rows, cols):
+def _phase_chunk(dst, d0, dstep, src, s0, rowstep, wt, w0, wrow, wstep, C, run, rows, J):
+    if J == 1:
+        _taps_rows(dst, d0, dstep, src, s0, C, rowstep, -C, wt, w0, wrow, wstep, run, rows, C,
+                   1)
+    elif J == 2:
+        _taps_rows(dst, d0, dstep, src, s0, C, rowstep, -C, wt, w0, wrow, wstep, run, rows, C,
+                   2)
+    elif J == 3:
+        _taps_rows(dst, d0, dstep, src, s0, C, rowstep, -C, wt, w0, wrow, wstep, run, rows, C,
+                   3)
+    else:
+        _taps_rows(dst, d0, dstep, src, s0, C, rowstep, -C, wt, w0, wrow, wstep, run, rows, C,
+                   4)
+
+
+@njit(inline="always")
+def _pixel(dst, d0, src, s0, rowstep, colstep, wt, w0, wrow, wstep, C, rows, cols):
     """One output pixel's ``C`` channels at ``dst[d0]``: the taps of ``rows`` x
     ``cols`` window rows and columns, the first at ``src[s0]`` and ``wt[w0]``
     (zeros when none)."""
     if rows <= 0 or cols <= 0:
         dst[d0:d0 + C] = 0
         return
-    _taps_window(dst, d0, src, s0, rowstep, colstep, wt, w0, wrow, C, rows, cols, C)
+    _taps_window(dst, d0, src, s0, rowstep, colstep, wt, w0, wrow, wstep, rows, cols, C)
 
 
 @njit(inline="always")
@@ -131,7 +184,7 @@ def _build(KH, KW):
                 j0, j1 = _taps_inside(iw0, rw, KW, W)
                 _pixel(yf, (job * OW + ow) * C, xf,
                        ((n * H + ih0 + k0 * rh) * W + iw0 + j0 * rw) * C, W * rh * C, rw * C,
-                       wt, (k0 * KW + j0) * C, KW * C, C, k1 - k0, j1 - j0)
+                       wt, (k0 * KW + j0) * C, KW * C, C, C, k1 - k0, j1 - j0)
 
     @njit(parallel=True, nogil=True, cache=True)
     def backprop_input(dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
@@ -163,7 +216,53 @@ def _build(KH, KW):
                 j0, j1 = _taps_inside(iw + pw, -rw, KW, OW)
                 _pixel(dxf, (job * W + iw) * C, dyf,
                        ((n * OH + oh0 - k0 * rh) * OW + iw + pw - j0 * rw) * C, -OW * rh * C,
-                       -rw * C, wt, (k0 * KW + j0) * C, KW * C, C, k1 - k0, j1 - j0)
+                       -rw * C, wt, (k0 * KW + j0) * C, KW * C, C, C, k1 - k0, j1 - j0)
+
+    @njit(parallel=True, nogil=True, cache=True)
+    def backprop_input_strided(dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
+        """As :func:`.kernels` ``backprop_input_cl``, for strides above 1 and
+        dilation 1, ``dy[N, 1, OH, OW, C]``, ``w[1, KH, KW, C, 1]``, C a multiple
+        of 8, by phases: input row ih reads the window rows kh = (ih + ph) mod sh,
+        + sh, + 2sh, ..., and the pixels of column phase q (iw = q mod sw) the
+        window columns kw0 = (q + pw) mod sw, + sw, ..., where pixel iw's tap j
+        reads dy column (iw + pw - kw0)/sw - j: per phase, a stride-1 gather
+        (column step -1) of a sub-window, over pixels sw apart."""
+        N, D, H, W, C = dx.shape
+        _, OD, OH, OW, _ = dy.shape
+        wt = w.reshape(w.size)
+        dyf = dy.reshape(N * OD * OH * OW * C)
+        dxf = dx.reshape(N * D * H * W * C)
+        chunk = _PHASE_CHUNK if W * C > _CHUNKED_ROW else W
+        for job in prange(N * D * H):
+            nd, ih = _split(job, H)
+            n = nd // D
+            kh0 = (ih + ph) % sh
+            oh0 = (ih + ph - kh0) // sh          # the dy row of tap kh0; tap i reads oh0 - i
+            i0, i1 = _taps_inside(oh0, -1, (KH - kh0 + sh - 1) // sh, OH)
+            rows = i1 - i0
+            wr0 = (kh0 + i0 * sh) * KW
+            r0 = (n * OH + oh0 - i0) * OW
+            for q in range(min(sw, W)):
+                kw0 = (q + pw) % sw
+                J = (KW - kw0 + sw - 1) // sw if kw0 < KW else 0
+                count = (W - q + sw - 1) // sw    # the phase's pixels q, q + sw, ...
+                o0 = (q + pw - kw0) // sw         # the dy column of its first pixel's tap 0
+                # the interior: every tap's column inside dy
+                a = max(0, J - 1 - o0)
+                b = min(count, OW - o0)
+                if a >= b:
+                    a = b = 0
+                if a < b:
+                    _phase_row(dxf, (job * W + q + a * sw) * C, sw * C, dyf,
+                               (r0 + o0 + a) * C, -OW * C, wt, (wr0 + kw0) * C,
+                               sh * KW * C, sw * C, C, b - a, rows, J, chunk)
+                for i in range(a + count - b):
+                    m = _side(i, a, b)
+                    ow = o0 + m
+                    j0, j1 = _taps_inside(ow, -1, J, OW)
+                    _pixel(dxf, (job * W + q + m * sw) * C, dyf, (r0 + ow - j0) * C, -OW * C,
+                           -C, wt, (wr0 + kw0 + j0 * sw) * C, sh * KW * C, sw * C, C, rows,
+                           j1 - j0)
 
     # window rows summed in one pass over a row of pixels: all of a 3x3 window's
     # (9 sums in registers); one at a time for larger windows
@@ -211,15 +310,16 @@ def _build(KH, KW):
                                 ((n * H + ih0 + k0 * rh) * W + iw0 + j0 * rw) * C, W * rh * C,
                                 rw * C, dyf, (job * OW + ow) * C, C, k1 - k0, j1 - j0)
 
-    return forward, backprop_input, backprop_filter
+    return forward, backprop_input, backprop_input_strided, backprop_filter
 
 
 class LaneKernels:
-    """The lane kernels for one window shape: ``forward``, ``backprop_input`` and
-    ``backprop_filter``."""
+    """The lane kernels for one window shape: ``forward``, ``backprop_input`` (stride
+    1), ``backprop_input_strided`` (dilation 1) and ``backprop_filter``."""
 
     def __init__(self, KH, KW):
-        self.forward, self.backprop_input, self.backprop_filter = _build(KH, KW)
+        (self.forward, self.backprop_input, self.backprop_input_strided,
+         self.backprop_filter) = _build(KH, KW)
 
 
 _sets = {}

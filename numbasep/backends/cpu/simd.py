@@ -346,16 +346,17 @@ def _by_channels(make, offsets, channels_at, doc):
 
 
 def _taps_rows(width):
-    def taps_rows(typingctx, dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wstep, n,
-                  rows, groups, kw):
+    def taps_rows(typingctx, dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow,
+                  wstep, n, rows, groups, kw):
         KW = _taps(kw)
         if KW is None:
             return None
-        sig = types.void(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wstep, n, rows,
-                         groups, kw)
+        sig = types.void(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n,
+                         rows, groups, kw)
 
         def codegen(context, builder, signature, args):
-            _, d0v, dstepv, _, s0v, sstepv, rowv, colv, _, w0v, wstepv, nv, rowsv, gv, _ = args
+            (_, d0v, dstepv, _, s0v, sstepv, rowv, colv, _, w0v, wrowv, wstepv, nv, rowsv, gv,
+             _) = args
             v = _Lanes(context, builder, signature, args, width, floats=8)
             ity = s0v.type
             fma = v.fma()
@@ -368,7 +369,7 @@ def _taps_rows(width):
                 ``base``; ``sums`` None: the first row (the first product is rounded
                 alone, as the scalar kernels' first term)."""
                 rb = builder.add(base, builder.mul(r, rowv))
-                wr = builder.add(wg, builder.mul(builder.mul(r, const(KW)), wstepv))
+                wr = builder.add(wg, builder.mul(r, wrowv))
                 ws = [v.load(8, builder.add(wr, builder.mul(const(k), wstepv)))
                       for k in range(KW)]
                 if mode is None:
@@ -633,7 +634,7 @@ def _dots_window(width):
 #: Per intrinsic: its factory, the arguments that are element offsets into the
 #: channel-carrying arrays, and the argument holding the channel count.
 CHANNEL_ARGS = {
-    "taps_rows": (_taps_rows, (1, 4, 9), 13),
+    "taps_rows": (_taps_rows, (1, 4, 9), 14),
     "taps_window": (_taps_window, (1, 3, 7), 12),
     "dots_rows": (_dots_rows, (1, 4, 9), 12),
     "dots_window": (_dots_window, (1, 5, 9), 12),
@@ -641,7 +642,7 @@ CHANNEL_ARGS = {
 
 taps_rows = _by_channels(*CHANNEL_ARGS["taps_rows"], """For each pixel k < n and channel c < channels (a multiple of 8; as vectors):
     ``dst[d0 + c + k*dstep] = sum over window rows r < rows and columns j < kw of``
-    ``x[s0 + c + k*sstep + r*rowstep + j*colstep] * wt[w0 + c + (r*kw + j)*wstep]``,
+    ``x[s0 + c + k*sstep + r*rowstep + j*colstep] * wt[w0 + c + r*wrow + j*wstep]``,
     ``kw`` a compile-time constant, ``rows`` >= 1.
 
     A correlation's inner loops over a row of pixels, one group of 16 (then 8)
