@@ -176,6 +176,7 @@ def test_which_problems_the_lane_kernels_take(monkeypatch):
     assert taken((1, 56, 56, 144)) == {False: True, True: True}
     assert taken((1, 14, 14, 384), k=7) == {False: True, True: True}
     assert taken((1, 147, 147, 128)) == {False: False, True: False}  # rows of 18816: too long
+    assert taken((1, 19, 19, 1456)) == {False: True, True: True}     # ... but only 19 pixels
     assert taken((1, 7, 7, 12)) == {False: False, True: False}       # not whole 8s
     assert taken((1, 7, 7, 16), k=2) == {False: False, True: False}  # no 2x2 lanes
     assert taken((1, 7, 7, 16), dtype=np.float64) == {False: False, True: False}

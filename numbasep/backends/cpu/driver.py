@@ -285,8 +285,9 @@ def _by_lanes(plan, adjoint):
     ``adjoint``) runs on the lane kernels (:mod:`.lanes`): 1-D and 2-D, depth
     multiplier 1, the windows of ``lanes.WINDOWS``, a multiple of 8 channels,
     float32 sums; at stride 1, and for strided input gradients with dilation 1,
-    rows of at most ``_LANE_RUN_ELEMS`` elements; strided forwards rows of at
-    most ``_LANE_ROW`` pixels and ``_LANE_ROW_ELEMS`` elements.
+    rows of at most ``_LANE_ROW`` pixels or ``_LANE_RUN_ELEMS`` elements;
+    strided forwards rows of at most ``_LANE_ROW`` pixels and ``_LANE_ROW_ELEMS``
+    elements.
 
     2 threads, N=8, float32 NHWC, lanes / row kernels, min of 3 interleaved
     rounds (``_by_lanes`` forced either way). Forward: 56x56x144 0.74-0.83 /
@@ -299,17 +300,20 @@ def _by_lanes(plan, adjoint):
     1-D 1024x512 5-tap rows (0.80-0.94 / 0.68-0.84), 147x147x128 (7.8-9.0 /
     7.4-8.1: rows of 18816 elements, read from L3 in the lanes' channel-group
     order) and the strided 112x112x96 (1.10-1.19 / 0.88-0.90). float64 stays
-    there too, which spares CI the compilations. Strided input gradients (stride
+    there too, which spares CI the compilations. Short rows of many channels
+    (the depth multipliers' repeated inputs), forward / input gradient, lanes /
+    row kernels: 19x19x1456 0.82 / 1.40, 0.86 / 1.40; 19x19x2912 1.85 / 3.25,
+    1.92 / 3.32; 28x28x768 1.09 / 1.51, 1.17 / 1.64; 14x14x2304 0.74 / 1.27,
+    0.78 / 1.38 (56x56x576 stays: 15.8 / 5.1). Strided input gradients (stride
     2, by phases), lanes / row kernels, same rounds: 112x112x96 N=8 1.61 / 2.48;
     56x56x144 0.61 / 0.85; 56x56x72 5x5 0.35 / 0.84; N=32 14.0 / 15.9, 2.23 /
     3.92, 1.48 / 3.63."""
     if not _lanes_fit(plan):
         return False
     row = plan.in_sizes[2] if adjoint else plan.out_sizes[2]
-    if plan.strides[1:] == (1, 1):
-        return row * plan.channels <= _LANE_RUN_ELEMS
-    if adjoint:
-        return plan.dilations[1:] == (1, 1) and row * plan.channels <= _LANE_RUN_ELEMS
+    if plan.strides[1:] == (1, 1) or adjoint:
+        return ((row <= _LANE_ROW or row * plan.channels <= _LANE_RUN_ELEMS)
+                and (plan.strides[1:] == (1, 1) or plan.dilations[1:] == (1, 1)))
     return row <= _LANE_ROW and row * plan.channels <= _LANE_ROW_ELEMS
 
 
