@@ -88,8 +88,12 @@ def test_forward_and_input_gradient_match_the_reference(route, on, problem):
 @given(problem=problems())
 def test_the_lanes_give_the_row_kernels_bits(route, problem):
     """Same products, same order, unfused: the same floats as the row kernels."""
-    xs, fs, attrs = problem
-    rng = np.random.default_rng(5)
+    _assert_lanes_give_row_bits(route, *problem, seed=5)
+
+
+def _assert_lanes_give_row_bits(route, xs, fs, attrs, seed):
+    """The forward and the input gradient, lanes and row kernels: the same bits."""
+    rng = np.random.default_rng(seed)
     x = rng.standard_normal(xs).astype(np.float32)
     w = rng.standard_normal(fs).astype(np.float32)
     got = {}
@@ -126,6 +130,24 @@ def test_long_strided_input_gradient_rows_in_chunks(route, k, strides, width, pa
         route(on)
         got[on] = BI(list(xs), w, dy, **attrs)
     np.testing.assert_array_equal(got[True], got[False])
+
+
+@pytest.mark.parametrize("k, channels, strides, dilations", [
+    ((5, 5), 520, (1, 1), (1, 1)), ((7, 7), 264, (1, 1), (1, 2)), ((5, 5), 496, (2, 2), (1, 1))])
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+def test_filters_larger_than_l1_in_channel_chunks(route, k, channels, strides, dilations,
+                                                  padding):
+    """Filters of more than ``lanes._L1_FILTER`` elements: jobs of ``lanes._CHUNK``
+    channels (a last chunk of 8 or 48); the reference's values and the row
+    kernels' bits."""
+    assert k[0] * k[1] * channels > lanes._L1_FILTER and channels % lanes._CHUNK
+    xs, fs = (2, 9, 15, channels), k + (channels, 1)
+    attrs = dict(strides=[1, *strides, 1], padding=padding, dilations=[1, *dilations, 1])
+    seen = route(True)
+    seen.clear()
+    support.assert_three_ops_match_the_reference(xs, fs, attrs, np.float32)
+    assert any(seen)
+    _assert_lanes_give_row_bits(route, xs, fs, attrs, seed=channels)
 
 
 @pytest.mark.parametrize("where", ["x", "w"])

@@ -13,7 +13,9 @@ every sum is formed as the row kernels of :mod:`.kernels` form it (taps in
 (kh, kw) order, fused with :func:`.simd.fma`, the first product rounded alone),
 so the two give the same bits.
 
-A strided input gradient is a gather by phases: the input pixels of one row
+Jobs are rows of one image, for all channels or, when the filter does not fit
+in L1, for a chunk of ``_CHUNK`` channels (consecutive jobs keep the chunk's
+weights). A strided input gradient is a gather by phases: the input pixels of one row
 and one column phase (a stride apart) read the same sub-window, whose taps sit
 one output-gradient pixel apart, so each phase is a stride-1 gather over pixels
 a stride apart. The filter gradient sums the products of each output-gradient
@@ -54,21 +56,55 @@ def _taps_inside(i0, r, K, size):
 
 
 @njit(nogil=True, cache=True)
-def _row(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW):
-    """``run`` output pixels from ``dst[d0]`` on, ``C`` apart: the taps of window
+def _row(dst, d0, src, s0, sstep, rowstep, colstep, wt, c0, C, cc, run, k0, k1, KW):
+    """``run`` output pixels from ``dst[d0]`` on, ``C`` apart, ``cc`` channels from
+    channel ``c0`` (``d0`` and ``s0`` already point at it): the taps of window
     rows [k0, k1) of a window of KW columns (a compile-time constant), pixel
     k's tap (r, j) at ``src[s0 + k*sstep + r*rowstep + j*colstep]``, 16 channels
     at a time (then 8)."""
     literally(KW)
     rows = k1 - k0
     if rows == 0:
-        for k in range(run * C):
-            dst[d0 + k] = 0
+        for k in range(run):
+            dst[d0 + k * C:d0 + k * C + cc] = 0
         return
     s0 += k0 * rowstep
-    w0 = k0 * KW * C
-    _taps_rows(dst, d0, C, src, s0, sstep, rowstep, colstep, wt, w0, KW * C, C, run, rows, C,
+    w0 = k0 * KW * C + c0
+    _taps_rows(dst, d0, C, src, s0, sstep, rowstep, colstep, wt, w0, KW * C, C, run, rows, cc,
                KW)
+
+
+# Channels computed together per job when the whole filter is larger than this
+# (elements, 48 KB of float32): a chunk's weights stay in L1 over the rows of
+# one image instead of the whole filter being read from L2 for every few pixels.
+# Forward / input gradient, 2 threads, N=8, min of 2 alternating processes,
+# whole rows / chunks of 64: 7x7x1152 5x5 0.25-0.33 / 0.21-0.23 ms, 0.25-0.33 /
+# 0.21-0.26; 14x14x672 5x5 0.52-0.53 / 0.42-0.50, 0.41-0.54 / 0.43-0.52;
+# 14x14x384 7x7 0.43-0.47 / 0.37-0.47, 0.47-0.70 / 0.32-0.48; N=32 2.10 / 1.89
+# (14x14x672), 1.82-1.94 / 1.49-1.50 (14x14x384). Chunks of 32 were slower, of
+# 128 even; filters that fit (19x19x728, 14x14x576 3x3) were up to 1.3x slower
+# in chunks.
+_L1_FILTER = 12 << 10
+_CHUNK = 64
+
+
+@njit(inline="always")
+def _chunks(C, taps):
+    """(channels per job, chunks per row): all channels, or ``_CHUNK`` when the
+    filter (``taps`` x C) would not stay in L1."""
+    CC = C if taps * C <= _L1_FILTER else _CHUNK
+    return CC, (C + CC - 1) // CC
+
+
+@njit(inline="always")
+def _chunk_job(job, R, chunks, CC, C):
+    """Job ``job`` of R rows per image and ``chunks`` channel chunks per row, rows
+    fastest (a thread's run of jobs keeps one chunk's weights): (image, row,
+    first channel, channels)."""
+    nch, r = _split(job, R)
+    n, ch = _split(nch, chunks)
+    c0 = ch * CC
+    return n, r, c0, min(CC, C - c0)
 
 
 # Input-gradient rows longer than this (elements) are computed in chunks of
@@ -168,23 +204,24 @@ def _build(KH, KW):
         wt = w.reshape(w.size)
         xf = x.reshape(N * D * H * W * C)
         yf = y.reshape(N * OD * OH * OW * C)
-        for job in prange(N * OD * OH):
-            nd, oh = _split(job, OH)
-            n, od = _split(nd, OD)
+        CC, chunks = _chunks(C, KH * KW)
+        for job in prange(N * chunks * OH):
+            n, oh, c0, cc = _chunk_job(job, OH, chunks, CC, C)
+            row = n * OH + oh
             ih0 = oh * sh - ph
             k0, k1 = _taps_inside(ih0, rh, KH, H)
-            s0 = ((n * H + ih0) * W + a * sw - pw) * C
+            s0 = ((n * H + ih0) * W + a * sw - pw) * C + c0
             if a < b:
-                _row(yf, (job * OW + a) * C, xf, s0, sw * C, W * rh * C, rw * C, wt, C, b - a,
-                     k0, k1, KW)
+                _row(yf, (row * OW + a) * C + c0, xf, s0, sw * C, W * rh * C, rw * C, wt, c0, C,
+                     cc, b - a, k0, k1, KW)
             # the columns whose window the sides cut
             for i in range(a + OW - b):
                 ow = _side(i, a, b)
                 iw0 = ow * sw - pw
                 j0, j1 = _taps_inside(iw0, rw, KW, W)
-                _pixel(yf, (job * OW + ow) * C, xf,
-                       ((n * H + ih0 + k0 * rh) * W + iw0 + j0 * rw) * C, W * rh * C, rw * C,
-                       wt, (k0 * KW + j0) * C, KW * C, C, C, k1 - k0, j1 - j0)
+                _pixel(yf, (row * OW + ow) * C + c0, xf,
+                       ((n * H + ih0 + k0 * rh) * W + iw0 + j0 * rw) * C + c0, W * rh * C,
+                       rw * C, wt, (k0 * KW + j0) * C + c0, KW * C, C, cc, k1 - k0, j1 - j0)
 
     @njit(parallel=True, nogil=True, cache=True)
     def backprop_input(dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
@@ -202,21 +239,23 @@ def _build(KH, KW):
         wt = w.reshape(w.size)
         dyf = dy.reshape(N * OD * OH * OW * C)
         dxf = dx.reshape(N * D * H * W * C)
-        for job in prange(N * D * H):
-            nd, ih = _split(job, H)
-            n, id_ = _split(nd, D)
+        CC, chunks = _chunks(C, KH * KW)
+        for job in prange(N * chunks * H):
+            n, ih, c0, cc = _chunk_job(job, H, chunks, CC, C)
+            row = n * H + ih
             oh0 = ih + ph
             k0, k1 = _taps_inside(oh0, -rh, KH, OH)
-            s0 = ((n * OH + oh0) * OW + a + pw) * C
+            s0 = ((n * OH + oh0) * OW + a + pw) * C + c0
             if a < b:
-                _row(dxf, (job * W + a) * C, dyf, s0, C, -OW * rh * C, -rw * C, wt, C, b - a,
-                     k0, k1, KW)
+                _row(dxf, (row * W + a) * C + c0, dyf, s0, C, -OW * rh * C, -rw * C, wt, c0, C,
+                     cc, b - a, k0, k1, KW)
             for i in range(a + W - b):
                 iw = _side(i, a, b)
                 j0, j1 = _taps_inside(iw + pw, -rw, KW, OW)
-                _pixel(dxf, (job * W + iw) * C, dyf,
-                       ((n * OH + oh0 - k0 * rh) * OW + iw + pw - j0 * rw) * C, -OW * rh * C,
-                       -rw * C, wt, (k0 * KW + j0) * C, KW * C, C, C, k1 - k0, j1 - j0)
+                _pixel(dxf, (row * W + iw) * C + c0, dyf,
+                       ((n * OH + oh0 - k0 * rh) * OW + iw + pw - j0 * rw) * C + c0,
+                       -OW * rh * C, -rw * C, wt, (k0 * KW + j0) * C + c0, KW * C, C, cc,
+                       k1 - k0, j1 - j0)
 
     @njit(parallel=True, nogil=True, cache=True)
     def backprop_input_strided(dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
