@@ -7,6 +7,7 @@ compiles nothing and does not import the CUDA target.
 
 from .backends import cpu as _cpu  # noqa: F401  (first: its OpenMP default must precede Numba's)
 from . import config, raw_ops
+from .aligned import empty_aligned
 from .errors import InvalidArgumentError
 from .ops import (
     depthwise_conv,
@@ -23,6 +24,7 @@ __version__ = "0.1.0"
 __all__ = [
     "InvalidArgumentError",
     "config",
+    "empty_aligned",
     "raw_ops",
     "depthwise_conv",
     "depthwise_conv2d_native",

@@ -487,9 +487,13 @@ def _np_dtype(name):
 
 
 def _random(rng, shape, dtype):
+    """Standard normal values, in an array aligned as the peers' frameworks align
+    theirs (64 bytes: :mod:`numbasep.aligned`)."""
     import numpy as np
-    a = rng.standard_normal(shape, dtype=np.float32)
-    return a.astype(_np_dtype(dtype))
+    from .aligned import empty_aligned
+    out = empty_aligned(shape, _np_dtype(dtype))
+    out[...] = rng.standard_normal(shape, dtype=np.float32)
+    return out
 
 
 def make_inputs(case, rng=None, out=True):
@@ -523,6 +527,7 @@ def make_inputs(case, rng=None, out=True):
     """
     import numpy as np
     import numbasep as nb
+    from .aligned import empty_aligned
 
     if rng is None or isinstance(rng, int):
         rng = np.random.default_rng(rng or 0)
@@ -537,7 +542,7 @@ def make_inputs(case, rng=None, out=True):
     strides4 = ([1, s, s, 1] if c.channels_last else [1, 1, s, s])
 
     if c.op == "forward":
-        o = np.empty(c.output_shape, dt) if out else None
+        o = empty_aligned(c.output_shape, dt) if out else None
         if two_d:
             def fn():
                 return nb.depthwise_conv2d_native(x, w, strides4, "SAME", data_format=fmt2, out=o)
@@ -549,7 +554,7 @@ def make_inputs(case, rng=None, out=True):
         dy = _random(rng, c.output_shape, c.dtype)
         arrays["dy"] = dy
         want_input = c.op == "backprop_input"
-        o = (np.empty(c.input_shape if want_input else c.filter_shape, dt) if out else None)
+        o = (empty_aligned(c.input_shape if want_input else c.filter_shape, dt) if out else None)
         arrays["out"] = o
         if two_d:
             if want_input:
@@ -569,7 +574,7 @@ def make_inputs(case, rng=None, out=True):
     elif c.op == "separable_forward":
         pk = _random(rng, c.pointwise_shape, c.dtype)
         arrays["pk"] = pk
-        o = np.empty(c.separable_output_shape, dt) if out else None
+        o = empty_aligned(c.separable_output_shape, dt) if out else None
         arrays["out"] = o
 
         def fn():
@@ -579,8 +584,8 @@ def make_inputs(case, rng=None, out=True):
         dy = _random(rng, c.separable_output_shape, c.dtype)
         arrays.update(pk=pk, dy=dy)
         if out:
-            o = (np.empty(c.input_shape, dt), np.empty(c.filter_shape, dt),
-                 np.empty(c.pointwise_shape, dt))
+            o = (empty_aligned(c.input_shape, dt), empty_aligned(c.filter_shape, dt),
+                 empty_aligned(c.pointwise_shape, dt))
             arrays.update(out0=o[0], out1=o[1], out2=o[2])
         else:
             o = None

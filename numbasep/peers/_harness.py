@@ -132,9 +132,18 @@ def emit(obj):
 
 
 def random_array(rng, shape, dtype="float32"):
-    """Standard-normal float32 NumPy array of ``shape`` (callers cast as they need)."""
+    """Standard-normal float32 NumPy array of ``shape`` (callers cast as they need),
+    64-byte aligned as numbasep's own inputs are (``numbasep.aligned``, which
+    this standalone module cannot import): a peer that wraps it without a copy
+    gets the alignment its own allocator would give."""
     import numpy as np
-    return rng.standard_normal(tuple(shape), dtype=np.float32)
+    shape = tuple(shape)
+    n = math.prod(shape)
+    buf = np.empty(4 * n + 64, np.uint8)
+    start = -buf.__array_interface__["data"][0] % 64
+    a = buf[start:start + 4 * n].view(np.float32).reshape(shape)
+    a[...] = rng.standard_normal(shape, dtype=np.float32)
+    return a
 
 
 def main(peer_name, load, build):

@@ -12,7 +12,7 @@ import numba
 import numpy as np
 
 from .. import base
-from ... import dtypes
+from ... import aligned, dtypes
 from . import groups, halves, kernels, lanes, planes, scratch, tiles
 
 
@@ -36,9 +36,9 @@ def _compute(a, shape=None, slot=scratch.OPERAND_0):
     """
     dt = a.dtype
     if dt is not _F32 and dt is not _F64 and dt != _F32 and dt != _F64:
-        a = halves.widen(np.ascontiguousarray(a), scratch.empty(slot, a.shape, _F32))
+        a = halves.widen(aligned.contiguous(a), scratch.empty(slot, a.shape, _F32))
     elif not a.flags.c_contiguous:
-        a = np.ascontiguousarray(a)
+        a = aligned.contiguous(a)
     return _read_only(a, shape)
 
 
@@ -61,7 +61,7 @@ def _result(plan, shape, out, wide):
             return out, out
         return scratch.empty(scratch.RESULT, shape, acc), out
     if wide or plan.dtype == acc:
-        buf = np.empty(shape, acc)
+        buf = aligned.empty(shape, acc)
         return buf, buf
     # rounded into a new array afterwards: the float32 sums are a temporary
     return scratch.empty(scratch.RESULT, shape, acc), None
@@ -69,7 +69,7 @@ def _result(plan, shape, out, wide):
 
 def _finish(plan, buf, final):
     if final is None:
-        return halves.narrow_into(buf, np.empty(buf.shape, plan.dtype))
+        return halves.narrow_into(buf, aligned.empty(buf.shape, plan.dtype))
     if final is not buf:
         if final.dtype.itemsize == 2 and final.flags.c_contiguous and buf.dtype == _F32:
             halves.narrow_into(buf, final)
@@ -481,7 +481,7 @@ def _result16(plan, shape, out):
     if plan.dtype.itemsize != 2:
         return None
     if out is None:
-        final = np.empty(shape, plan.dtype)
+        final = aligned.empty(shape, plan.dtype)
     elif out.dtype == plan.dtype and out.flags.c_contiguous:
         final = out
     else:
@@ -508,7 +508,7 @@ def _data(launch, a, shape, slot, operand):
     """A data operand (not the filter) for ``launch``'s kernel: its 16-bit bit
     patterns when the kernel reads those, else ``operand(a, shape, slot)``."""
     if launch.raw16 and operand is _compute and a.dtype.itemsize == 2:
-        raw = halves.bits(np.ascontiguousarray(a))
+        raw = halves.bits(aligned.contiguous(a))
         if raw is not None:
             return _read_only(raw, shape)
     return operand(a, shape, slot)
@@ -531,7 +531,7 @@ def _run_filter_gradient(launch, plan, x, dy, buf, operand=_compute):
         # one chunk: its partial sums are the gradient (summing them, a copy)
         _launch(launch.kern, x, dy, buf.reshape(ps), *launch.params)
     else:
-        parts = np.empty(ps, buf.dtype)
+        parts = aligned.empty(ps, buf.dtype)
         _launch(launch.kern, x, dy, parts, *launch.params)
         _launch(kernels.sum_partials, parts.reshape(sums), buf.reshape(plan.filter_shape5))
 
@@ -571,13 +571,13 @@ def _direct(method, plan, arrays, out):
     if name == "filter_gradient":
         def direct(x, dy, out):
             if out is None:
-                out = np.empty(shape, acc)
+                out = aligned.empty(shape, acc)
             _run_filter_gradient(launch, plan, x, dy, out, _read_only)
             return out
     else:
         def direct(data, w, out):
             if out is None:
-                out = np.empty(shape, acc)
+                out = aligned.empty(shape, acc)
             _run_correlation(launch, data, w, out, _read_only)
             return out
     return direct
@@ -601,11 +601,11 @@ def _repeated(plan, a):
     m = plan.multiplier
     if plan.channels_last:
         c = a.shape[-1]
-        rep = np.empty(a.shape[:-1] + (c * m,), a.dtype)
+        rep = aligned.empty(a.shape[:-1] + (c * m,), a.dtype)
         if rep.size:
             _launch(groups.repeat, a.reshape(-1, c), rep.reshape(-1, c * m))
         return rep
-    rep = np.empty(a.shape[:2] + (m,) + a.shape[2:], a.dtype)
+    rep = aligned.empty(a.shape[:2] + (m,) + a.shape[2:], a.dtype)
     np.copyto(rep, a[:, :, None])
     return rep.reshape((a.shape[0], a.shape[1] * m) + a.shape[2:])
 
@@ -632,7 +632,7 @@ def _back_to_first(plan, res, out):
     if out is not None:
         out[...] = moved
         return out
-    return np.ascontiguousarray(moved, plan.dtype)
+    return aligned.contiguous(moved, plan.dtype)
 
 
 _TooHardError = getattr(np, "exceptions", np).TooHardError   # np.exceptions: NumPy >= 1.25

@@ -19,6 +19,8 @@ import threading
 
 import numpy as np
 
+from ... import aligned
+
 #: Largest buffer (bytes) kept for reuse; a bigger temporary is allocated afresh.
 KEEP_BYTES = 32 << 20
 
@@ -33,20 +35,20 @@ _SLOTS = 5
 
 def empty(slot, shape, dtype):
     """An uninitialised C-contiguous array of ``shape`` and ``dtype`` from this
-    thread's buffer for ``slot`` (grown when too small)."""
+    thread's buffer for ``slot`` (grown when too small; 64-byte aligned)."""
     dtype = np.dtype(dtype)
     n = 1
     for s in shape:
         n *= s
     nbytes = n * dtype.itemsize
     if nbytes > KEEP_BYTES:
-        return np.empty(shape, dtype)
+        return aligned.empty(shape, dtype)
     bufs = getattr(_local, "bufs", None)
     if bufs is None:
         bufs = _local.bufs = [None] * _SLOTS
     buf = bufs[slot]
     if buf is None or buf.nbytes < nbytes:
-        buf = bufs[slot] = np.empty(max(nbytes, 64), np.uint8)
+        buf = bufs[slot] = aligned.empty_aligned(max(nbytes, 64), np.uint8)
     return buf[:nbytes].view(dtype).reshape(shape)
 
 
