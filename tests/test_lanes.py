@@ -150,6 +150,42 @@ def test_filters_larger_than_l1_in_channel_chunks(route, k, channels, strides, d
     _assert_lanes_give_row_bits(route, xs, fs, attrs, seed=channels)
 
 
+@pytest.mark.parametrize("k, strides", [((3, 3), (1, 1)), ((5, 5), (2, 2)), ((7, 7), (1, 1))])
+def test_large_results_written_with_streaming_stores(route, monkeypatch, k, strides):
+    """Results above ``driver._STREAM_BYTES`` (lowered here to 0) go through the
+    non-temporal-store kernels when their array is 64-byte aligned, and through
+    the plain ones when it is not: the same bits either way."""
+    seen = route(True)
+    monkeypatch.setattr(driver, "_STREAM_BYTES", 0)
+    ran = []
+    real = driver._launch
+    monkeypatch.setattr(driver, "_launch", lambda kern, *a: (ran.append(kern), real(kern, *a)))
+    rng = np.random.default_rng(3)
+    xs = (2, 11, 13, 2 * numbasep.backends.cpu.simd.WIDE * 3)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(k + (xs[-1], 1)).astype(np.float32)
+    attrs = dict(strides=[1, *strides, 1], padding="SAME")
+    streaming = lanes.kernels(*k, stream=True)
+    plain = lanes.kernels(*k)
+    y_plain = F(x, w, **attrs)
+    dy = rng.standard_normal(y_plain.shape).astype(np.float32)
+    dx_plain = BI(list(xs), w, dy, **attrs)
+    for aligned in (True, False):
+        ran.clear()
+        y = numbasep.empty_aligned(y_plain.shape) if aligned else \
+            numbasep.empty_aligned(y_plain.size + 4)[4:].reshape(y_plain.shape)
+        dx = numbasep.empty_aligned(xs) if aligned else \
+            numbasep.empty_aligned(x.size + 4)[4:].reshape(xs)
+        F(x, w, **attrs, out=y)
+        BI(list(xs), w, dy, **attrs, out=dx)
+        np.testing.assert_array_equal(y, y_plain)
+        np.testing.assert_array_equal(dx, dx_plain)
+        want = streaming if aligned else plain
+        bin_name = "backprop_input" if strides == (1, 1) else "backprop_input_strided"
+        assert ran == [want.forward, getattr(want, bin_name)]
+    assert all(seen)
+
+
 @pytest.mark.parametrize("where", ["x", "w"])
 @pytest.mark.parametrize("value", [np.inf, np.nan])
 def test_non_finite_values_propagate_as_in_the_row_kernels(route, where, value):

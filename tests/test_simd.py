@@ -4,6 +4,7 @@ import numba
 import numpy as np
 import pytest
 
+import numbasep
 from numbasep.backends.cpu import simd
 
 
@@ -111,7 +112,7 @@ def test_taps_rows_sums_each_pixel_in_order(lanes, channels, step, n):
     def run(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
             channels):
         taps_rows(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
-                  channels, 3)
+                  channels, 3, 0)
 
     rng = np.random.default_rng(channels + n)
     rows, KW = 2, 3
@@ -140,7 +141,8 @@ def test_taps_window_sums_one_pixel_in_order(lanes, channels, rows, cols):
 
     @numba.njit
     def run(dst, d0, x, s0, rowstep, colstep, wt, w0, wrow, wstep, rows, cols, channels):
-        taps_window(dst, d0, x, s0, rowstep, colstep, wt, w0, wrow, wstep, rows, cols, channels)
+        taps_window(dst, d0, x, s0, rowstep, colstep, wt, w0, wrow, wstep, rows, cols, channels,
+                    0)
 
     rng = np.random.default_rng(channels * 10 + rows)
     C = channels
@@ -152,6 +154,36 @@ def test_taps_window_sums_one_pixel_in_order(lanes, channels, rows, cols):
     want = np.full_like(dst, np.float32(-7))
     for lane in range(C):
         want[3 + lane] = _window_sum(x, s0, rowstep, colstep, wt, 4, 5 * C, C, rows, cols, lane)
+    np.testing.assert_array_equal(dst, want)
+
+
+@pytest.mark.parametrize("n", [1, 3, 9])
+def test_streaming_stores_write_the_same_sums(lanes, n):
+    """Non-temporal stores (results that would not stay in the caches): the same
+    values at the same places, into a 64-byte-aligned row whose pixels and
+    channel groups start on vector boundaries; nothing else written."""
+    taps_rows, taps_window = lanes("taps_rows"), lanes("taps_window")
+
+    @numba.njit
+    def run(dst, d0, dstep, x, s0, wt, n, channels):
+        taps_rows(dst, d0, dstep, x, s0, dstep, 50 * dstep, dstep, wt, 0, 3 * dstep, dstep, n, 2,
+                  channels, 3, 1)
+        # one more pixel after the row, its window cut to 2 x 2
+        taps_window(dst, d0 + n * dstep, x, s0 + n * dstep, 50 * dstep, dstep, wt, 0,
+                    3 * dstep, dstep, 2, 2, channels, 1)
+
+    rng = np.random.default_rng(n)
+    channels, C = 48, 64
+    x = rng.standard_normal(200 * C).astype(np.float32)
+    wt = rng.standard_normal(6 * C).astype(np.float32)
+    dst = numbasep.empty_aligned((n + 3) * C, np.float32)
+    dst[:] = -7
+    run(dst, C, C, x, 2 * C, wt, n, channels)
+    want = np.full(dst.shape, np.float32(-7))
+    for k in range(n + 1):
+        for lane in range(channels):
+            want[C + k * C + lane] = _window_sum(x, 2 * C + k * C, 50 * C, C, wt, 0, 3 * C, C,
+                                                 2, 3 if k < n else 2, lane)
     np.testing.assert_array_equal(dst, want)
 
 

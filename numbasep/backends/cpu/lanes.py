@@ -35,6 +35,7 @@ from numba import literally, njit, prange
 from .kernels import _interior, _split
 from .simd import dots_rows as _dots_rows
 from .simd import dots_window as _dots_window
+from .simd import sfence as _sfence
 from .simd import taps_rows as _taps_rows
 from .simd import taps_window as _taps_window
 
@@ -56,13 +57,15 @@ def _taps_inside(i0, r, K, size):
 
 
 @njit(nogil=True, cache=True)
-def _row(dst, d0, src, s0, sstep, rowstep, colstep, wt, c0, C, cc, run, k0, k1, KW):
+def _row(dst, d0, src, s0, sstep, rowstep, colstep, wt, c0, C, cc, run, k0, k1, KW, NT):
     """``run`` output pixels from ``dst[d0]`` on, ``C`` apart, ``cc`` channels from
     channel ``c0`` (``d0`` and ``s0`` already point at it): the taps of window
     rows [k0, k1) of a window of KW columns (a compile-time constant), pixel
     k's tap (r, j) at ``src[s0 + k*sstep + r*rowstep + j*colstep]``, 16 channels
-    at a time (then 8)."""
+    at a time (then 8); NT (0 or 1, a compile-time constant): non-temporal
+    stores."""
     literally(KW)
+    literally(NT)
     rows = k1 - k0
     if rows == 0:
         for k in range(run):
@@ -71,7 +74,26 @@ def _row(dst, d0, src, s0, sstep, rowstep, colstep, wt, c0, C, cc, run, k0, k1, 
     s0 += k0 * rowstep
     w0 = k0 * KW * C + c0
     _taps_rows(dst, d0, C, src, s0, sstep, rowstep, colstep, wt, w0, KW * C, C, run, rows, cc,
-               KW)
+               KW, NT)
+
+
+# The jobs of the forward and input-gradient kernels run in this many parts of
+# consecutive jobs (split among the threads as prange splits them), each ending
+# with one fence for its non-temporal stores (:func:`.simd.sfence`): a fence per
+# job (row) cost 32x112x112x32 most of what the streaming saved.
+_PARTS = 64
+
+
+@njit(inline="always")
+def _parts(jobs):
+    """(jobs, the parts they run in)."""
+    return jobs, min(jobs, _PARTS)
+
+
+@njit(inline="always")
+def _part(part, parts, jobs):
+    """[first, last + 1): the jobs of part ``part``."""
+    return part * jobs // parts, (part + 1) * jobs // parts
 
 
 # Channels computed together per job when the whole filter is larger than this
@@ -120,12 +142,14 @@ _PHASE_CHUNK = 8
 
 
 @njit(nogil=True, cache=True)
-def _phase_row(dst, d0, dstep, src, s0, rowstep, wt, w0, wrow, wstep, C, run, rows, J, chunk):
+def _phase_row(dst, d0, dstep, src, s0, rowstep, wt, w0, wrow, wstep, C, run, rows, J, chunk,
+               NT):
     """``run`` input-gradient pixels of one column phase from ``dst[d0]`` on,
     ``dstep`` apart, each the gather of ``rows`` x J taps (J a compile-time
     constant, 1 to 4): pixel k's tap (r, j) at ``src[s0 + (k - j)*C + r*rowstep]``
     and ``wt[w0 + r*wrow + j*wstep]``; zeros when there are no taps. ``chunk``
-    pixels at a time (the last chunk ends at pixel ``run``)."""
+    pixels at a time (the last chunk ends at pixel ``run``); NT as in :func:`_row`."""
+    literally(NT)
     if rows == 0 or J == 0:
         for k in range(run):
             dst[d0 + k * dstep:d0 + k * dstep + C] = 0
@@ -134,34 +158,34 @@ def _phase_row(dst, d0, dstep, src, s0, rowstep, wt, w0, wrow, wstep, C, run, ro
     for k in range(0, run, n):
         k = min(k, run - n)
         _phase_chunk(dst, d0 + k * dstep, dstep, src, s0 + k * C, rowstep, wt, w0, wrow, wstep,
-                     C, n, rows, J)
+                     C, n, rows, J, NT)
 
 
 @njit(inline="always")
-def _phase_chunk(dst, d0, dstep, src, s0, rowstep, wt, w0, wrow, wstep, C, run, rows, J):
+def _phase_chunk(dst, d0, dstep, src, s0, rowstep, wt, w0, wrow, wstep, C, run, rows, J, NT):
     if J == 1:
         _taps_rows(dst, d0, dstep, src, s0, C, rowstep, -C, wt, w0, wrow, wstep, run, rows, C,
-                   1)
+                   1, NT)
     elif J == 2:
         _taps_rows(dst, d0, dstep, src, s0, C, rowstep, -C, wt, w0, wrow, wstep, run, rows, C,
-                   2)
+                   2, NT)
     elif J == 3:
         _taps_rows(dst, d0, dstep, src, s0, C, rowstep, -C, wt, w0, wrow, wstep, run, rows, C,
-                   3)
+                   3, NT)
     else:
         _taps_rows(dst, d0, dstep, src, s0, C, rowstep, -C, wt, w0, wrow, wstep, run, rows, C,
-                   4)
+                   4, NT)
 
 
 @njit(inline="always")
-def _pixel(dst, d0, src, s0, rowstep, colstep, wt, w0, wrow, wstep, C, rows, cols):
+def _pixel(dst, d0, src, s0, rowstep, colstep, wt, w0, wrow, wstep, C, rows, cols, NT):
     """One output pixel's ``C`` channels at ``dst[d0]``: the taps of ``rows`` x
     ``cols`` window rows and columns, the first at ``src[s0]`` and ``wt[w0]``
-    (zeros when none)."""
+    (zeros when none); NT as in :func:`_row`."""
     if rows <= 0 or cols <= 0:
         dst[d0:d0 + C] = 0
         return
-    _taps_window(dst, d0, src, s0, rowstep, colstep, wt, w0, wrow, wstep, rows, cols, C)
+    _taps_window(dst, d0, src, s0, rowstep, colstep, wt, w0, wrow, wstep, rows, cols, C, NT)
 
 
 @njit(inline="always")
@@ -191,7 +215,7 @@ def _dots_pixel(part, a0, arow, src, s0, rowstep, colstep, dy, g0, C, rows, cols
     _dots_window(part, a0, arow, C, src, s0, rowstep, colstep, dy, g0, rows, cols, C)
 
 
-def _build(KH, KW):
+def _build(KH, KW, NT):
     @njit(parallel=True, nogil=True, cache=True)
     def forward(x, w, y, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         """As :func:`.kernels` ``forward_cl``, for ``x[N, 1, H, W, C]``,
@@ -205,23 +229,27 @@ def _build(KH, KW):
         xf = x.reshape(N * D * H * W * C)
         yf = y.reshape(N * OD * OH * OW * C)
         CC, chunks = _chunks(C, KH * KW)
-        for job in prange(N * chunks * OH):
-            n, oh, c0, cc = _chunk_job(job, OH, chunks, CC, C)
-            row = n * OH + oh
-            ih0 = oh * sh - ph
-            k0, k1 = _taps_inside(ih0, rh, KH, H)
-            s0 = ((n * H + ih0) * W + a * sw - pw) * C + c0
-            if a < b:
-                _row(yf, (row * OW + a) * C + c0, xf, s0, sw * C, W * rh * C, rw * C, wt, c0, C,
-                     cc, b - a, k0, k1, KW)
-            # the columns whose window the sides cut
-            for i in range(a + OW - b):
-                ow = _side(i, a, b)
-                iw0 = ow * sw - pw
-                j0, j1 = _taps_inside(iw0, rw, KW, W)
-                _pixel(yf, (row * OW + ow) * C + c0, xf,
-                       ((n * H + ih0 + k0 * rh) * W + iw0 + j0 * rw) * C + c0, W * rh * C,
-                       rw * C, wt, (k0 * KW + j0) * C + c0, KW * C, C, cc, k1 - k0, j1 - j0)
+        jobs, parts = _parts(N * chunks * OH)
+        for part in prange(parts):
+            for job in range(*_part(part, parts, jobs)):
+                n, oh, c0, cc = _chunk_job(job, OH, chunks, CC, C)
+                row = n * OH + oh
+                ih0 = oh * sh - ph
+                k0, k1 = _taps_inside(ih0, rh, KH, H)
+                s0 = ((n * H + ih0) * W + a * sw - pw) * C + c0
+                if a < b:
+                    _row(yf, (row * OW + a) * C + c0, xf, s0, sw * C, W * rh * C, rw * C, wt, c0, C,
+                         cc, b - a, k0, k1, KW, NT)
+                # the columns whose window the sides cut
+                for i in range(a + OW - b):
+                    ow = _side(i, a, b)
+                    iw0 = ow * sw - pw
+                    j0, j1 = _taps_inside(iw0, rw, KW, W)
+                    _pixel(yf, (row * OW + ow) * C + c0, xf,
+                           ((n * H + ih0 + k0 * rh) * W + iw0 + j0 * rw) * C + c0, W * rh * C,
+                           rw * C, wt, (k0 * KW + j0) * C + c0, KW * C, C, cc, k1 - k0, j1 - j0, NT)
+            if NT:
+                _sfence()
 
     @njit(parallel=True, nogil=True, cache=True)
     def backprop_input(dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
@@ -240,22 +268,26 @@ def _build(KH, KW):
         dyf = dy.reshape(N * OD * OH * OW * C)
         dxf = dx.reshape(N * D * H * W * C)
         CC, chunks = _chunks(C, KH * KW)
-        for job in prange(N * chunks * H):
-            n, ih, c0, cc = _chunk_job(job, H, chunks, CC, C)
-            row = n * H + ih
-            oh0 = ih + ph
-            k0, k1 = _taps_inside(oh0, -rh, KH, OH)
-            s0 = ((n * OH + oh0) * OW + a + pw) * C + c0
-            if a < b:
-                _row(dxf, (row * W + a) * C + c0, dyf, s0, C, -OW * rh * C, -rw * C, wt, c0, C,
-                     cc, b - a, k0, k1, KW)
-            for i in range(a + W - b):
-                iw = _side(i, a, b)
-                j0, j1 = _taps_inside(iw + pw, -rw, KW, OW)
-                _pixel(dxf, (row * W + iw) * C + c0, dyf,
-                       ((n * OH + oh0 - k0 * rh) * OW + iw + pw - j0 * rw) * C + c0,
-                       -OW * rh * C, -rw * C, wt, (k0 * KW + j0) * C + c0, KW * C, C, cc,
-                       k1 - k0, j1 - j0)
+        jobs, parts = _parts(N * chunks * H)
+        for part in prange(parts):
+            for job in range(*_part(part, parts, jobs)):
+                n, ih, c0, cc = _chunk_job(job, H, chunks, CC, C)
+                row = n * H + ih
+                oh0 = ih + ph
+                k0, k1 = _taps_inside(oh0, -rh, KH, OH)
+                s0 = ((n * OH + oh0) * OW + a + pw) * C + c0
+                if a < b:
+                    _row(dxf, (row * W + a) * C + c0, dyf, s0, C, -OW * rh * C, -rw * C, wt, c0, C,
+                         cc, b - a, k0, k1, KW, NT)
+                for i in range(a + W - b):
+                    iw = _side(i, a, b)
+                    j0, j1 = _taps_inside(iw + pw, -rw, KW, OW)
+                    _pixel(dxf, (row * W + iw) * C + c0, dyf,
+                           ((n * OH + oh0 - k0 * rh) * OW + iw + pw - j0 * rw) * C + c0,
+                           -OW * rh * C, -rw * C, wt, (k0 * KW + j0) * C + c0, KW * C, C, cc,
+                           k1 - k0, j1 - j0, NT)
+            if NT:
+                _sfence()
 
     @njit(parallel=True, nogil=True, cache=True)
     def backprop_input_strided(dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
@@ -272,36 +304,40 @@ def _build(KH, KW):
         dyf = dy.reshape(N * OD * OH * OW * C)
         dxf = dx.reshape(N * D * H * W * C)
         chunk = _PHASE_CHUNK if W * C > _CHUNKED_ROW else W
-        for job in prange(N * D * H):
-            nd, ih = _split(job, H)
-            n = nd // D
-            kh0 = (ih + ph) % sh
-            oh0 = (ih + ph - kh0) // sh          # the dy row of tap kh0; tap i reads oh0 - i
-            i0, i1 = _taps_inside(oh0, -1, (KH - kh0 + sh - 1) // sh, OH)
-            rows = i1 - i0
-            wr0 = (kh0 + i0 * sh) * KW
-            r0 = (n * OH + oh0 - i0) * OW
-            for q in range(min(sw, W)):
-                kw0 = (q + pw) % sw
-                J = (KW - kw0 + sw - 1) // sw if kw0 < KW else 0
-                count = (W - q + sw - 1) // sw    # the phase's pixels q, q + sw, ...
-                o0 = (q + pw - kw0) // sw         # the dy column of its first pixel's tap 0
-                # the interior: every tap's column inside dy
-                a = max(0, J - 1 - o0)
-                b = min(count, OW - o0)
-                if a >= b:
-                    a = b = 0
-                if a < b:
-                    _phase_row(dxf, (job * W + q + a * sw) * C, sw * C, dyf,
-                               (r0 + o0 + a) * C, -OW * C, wt, (wr0 + kw0) * C,
-                               sh * KW * C, sw * C, C, b - a, rows, J, chunk)
-                for i in range(a + count - b):
-                    m = _side(i, a, b)
-                    ow = o0 + m
-                    j0, j1 = _taps_inside(ow, -1, J, OW)
-                    _pixel(dxf, (job * W + q + m * sw) * C, dyf, (r0 + ow - j0) * C, -OW * C,
-                           -C, wt, (wr0 + kw0 + j0 * sw) * C, sh * KW * C, sw * C, C, rows,
-                           j1 - j0)
+        jobs, parts = _parts(N * D * H)
+        for part in prange(parts):
+            for job in range(*_part(part, parts, jobs)):
+                nd, ih = _split(job, H)
+                n = nd // D
+                kh0 = (ih + ph) % sh
+                oh0 = (ih + ph - kh0) // sh          # the dy row of tap kh0; tap i reads oh0 - i
+                i0, i1 = _taps_inside(oh0, -1, (KH - kh0 + sh - 1) // sh, OH)
+                rows = i1 - i0
+                wr0 = (kh0 + i0 * sh) * KW
+                r0 = (n * OH + oh0 - i0) * OW
+                for q in range(min(sw, W)):
+                    kw0 = (q + pw) % sw
+                    J = (KW - kw0 + sw - 1) // sw if kw0 < KW else 0
+                    count = (W - q + sw - 1) // sw    # the phase's pixels q, q + sw, ...
+                    o0 = (q + pw - kw0) // sw         # the dy column of its first pixel's tap 0
+                    # the interior: every tap's column inside dy
+                    a = max(0, J - 1 - o0)
+                    b = min(count, OW - o0)
+                    if a >= b:
+                        a = b = 0
+                    if a < b:
+                        _phase_row(dxf, (job * W + q + a * sw) * C, sw * C, dyf,
+                                   (r0 + o0 + a) * C, -OW * C, wt, (wr0 + kw0) * C,
+                                   sh * KW * C, sw * C, C, b - a, rows, J, chunk, NT)
+                    for i in range(a + count - b):
+                        m = _side(i, a, b)
+                        ow = o0 + m
+                        j0, j1 = _taps_inside(ow, -1, J, OW)
+                        _pixel(dxf, (job * W + q + m * sw) * C, dyf, (r0 + ow - j0) * C, -OW * C,
+                               -C, wt, (wr0 + kw0 + j0 * sw) * C, sh * KW * C, sw * C, C, rows,
+                               j1 - j0, NT)
+            if NT:
+                _sfence()
 
     # window rows summed in one pass over a row of pixels: all of a 3x3 window's
     # (9 sums in registers); one at a time for larger windows
@@ -354,19 +390,23 @@ def _build(KH, KW):
 
 class LaneKernels:
     """The lane kernels for one window shape: ``forward``, ``backprop_input`` (stride
-    1), ``backprop_input_strided`` (dilation 1) and ``backprop_filter``."""
+    1), ``backprop_input_strided`` (dilation 1) and ``backprop_filter``; with
+    ``stream``, the first three writing their results with non-temporal stores
+    (every result vector must be aligned to its size: the driver's
+    ``_streams``)."""
 
-    def __init__(self, KH, KW):
+    def __init__(self, KH, KW, stream=False):
         (self.forward, self.backprop_input, self.backprop_input_strided,
-         self.backprop_filter) = _build(KH, KW)
+         self.backprop_filter) = _build(KH, KW, int(stream))
 
 
 _sets = {}
 
 
-def kernels(KH, KW):
-    """The lane kernels for a KH x KW window of ``WINDOWS``."""
-    key = (KH, KW)
+def kernels(KH, KW, stream=False):
+    """The lane kernels for a KH x KW window of ``WINDOWS`` (``stream``: writing
+    with non-temporal stores)."""
+    key = (KH, KW, bool(stream))
     if key not in _sets:
         _sets[key] = LaneKernels(*key)
     return _sets[key]

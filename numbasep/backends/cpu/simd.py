@@ -166,12 +166,20 @@ class _Lanes:
                      ir.Constant(ir.VectorType(_I32, n), [16] * n))
         return b.bitcast(wide, self.vty)
 
-    def put(self, value, i, off):
+    def put(self, value, i, off, stream=False):
         """Store a vector of results into array ``i``: rounded to 16 bits when the
         array holds bit patterns (as :func:`.halves.narrow_into` rounds: to
-        nearest even; a bfloat16 NaN becomes the quiet 0x7FC0 with its sign)."""
+        nearest even; a bfloat16 NaN becomes the quiet 0x7FC0 with its sign).
+        ``stream``: a non-temporal store of floats, which must be aligned to the
+        vector's size (the line is written without being read first)."""
         dtype = self.types[i].dtype
         if dtype not in (types.uint16, types.int16):
+            if stream:
+                st = self.builder.store(value, self._ptr(i, off),
+                                        align=self.vty.count * self.align)
+                st.set_metadata("nontemporal", self.builder.module.add_metadata(
+                    [ir.Constant(ir.IntType(32), 1)]))
+                return st
             return self.store(value, i, off)
         b = self.builder
         n = self.vty.count
@@ -281,6 +289,22 @@ def taps_dot8(typingctx, acc, a0, astep, x, s0, sstep, srow, toffs, g, g0, gstep
     return sig, codegen
 
 
+@intrinsic
+def sfence(typingctx):
+    """Order the non-temporal stores made so far before any later store (x86
+    ``sfence``): once per job of a kernel that streams its results, so that no
+    other thread reads a result still in a write-combining buffer."""
+    sig = types.void()
+
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
+                                            "llvm.x86.sse.sfence")
+        builder.call(fn, [])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 # Output pixels a correlation intrinsic computes at once: independent sums in
 # flight, and (stride and dilation 1) neighbours sharing their input loads.
 BLOCK = 4
@@ -347,16 +371,16 @@ def _by_channels(make, offsets, channels_at, doc):
 
 def _taps_rows(width):
     def taps_rows(typingctx, dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow,
-                  wstep, n, rows, groups, kw):
-        KW = _taps(kw)
-        if KW is None:
+                  wstep, n, rows, groups, kw, stream):
+        KW, NT = _taps(kw), _taps(stream)
+        if KW is None or NT is None:
             return None
         sig = types.void(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n,
-                         rows, groups, kw)
+                         rows, groups, kw, stream)
 
         def codegen(context, builder, signature, args):
             (_, d0v, dstepv, _, s0v, sstepv, rowv, colv, _, w0v, wrowv, wstepv, nv, rowsv, gv,
-             _) = args
+             _, _) = args
             v = _Lanes(context, builder, signature, args, width, floats=8)
             ity = s0v.type
             fma = v.fma()
@@ -404,7 +428,7 @@ def _taps_rows(width):
                 dg = builder.add(d0v, goff)
                 for p in range(count):
                     k = builder.add(k0, const(p))
-                    v.put(sums[p], 0, builder.add(dg, builder.mul(k, dstepv)))
+                    v.put(sums[p], 0, builder.add(dg, builder.mul(k, dstepv)), NT)
                 return []
 
             # ceil(n / BLOCK) blocks, the last one ending at pixel n (it overlaps the
@@ -453,12 +477,15 @@ def _taps_rows(width):
 
 def _taps_window(width):
     def taps_window(typingctx, dst, d0, x, s0, rowstep, colstep, wt, w0, wrow, wstep, rows,
-                    cols, groups):
+                    cols, groups, stream):
+        NT = _taps(stream)
+        if NT is None:
+            return None
         sig = types.void(dst, d0, x, s0, rowstep, colstep, wt, w0, wrow, wstep, rows, cols,
-                         groups)
+                         groups, stream)
 
         def codegen(context, builder, signature, args):
-            _, d0v, _, s0v, rowv, colv, _, w0v, wrowv, wstepv, rowsv, colsv, gv = args
+            _, d0v, _, s0v, rowv, colv, _, w0v, wrowv, wstepv, rowsv, colsv, gv, _ = args
             v = _Lanes(context, builder, signature, args, width, floats=6)
             ity = s0v.type
             fma = v.fma()
@@ -488,7 +515,7 @@ def _taps_window(width):
                              lambda r, acc: v.loop(colsv, acc,
                                                    lambda j, a: add(builder.add(r, one), j, a)))
                 for o, a in zip(offs, acc):
-                    v.put(a, 0, builder.add(d0v, o))
+                    v.put(a, 0, builder.add(d0v, o), NT)
                 return []
 
             quads = builder.sdiv(gv, ir.Constant(ity, 4))
@@ -643,7 +670,11 @@ CHANNEL_ARGS = {
 taps_rows = _by_channels(*CHANNEL_ARGS["taps_rows"], """For each pixel k < n and channel c < channels (a multiple of 8; as vectors):
     ``dst[d0 + c + k*dstep] = sum over window rows r < rows and columns j < kw of``
     ``x[s0 + c + k*sstep + r*rowstep + j*colstep] * wt[w0 + c + r*wrow + j*wstep]``,
-    ``kw`` a compile-time constant, ``rows`` >= 1.
+    ``kw`` a compile-time constant, ``rows`` >= 1; ``stream`` (a compile-time 0
+    or 1): non-temporal stores, for results too large to stay in the caches
+    (every store must then be aligned to the vector's size: float32 results, a
+    64-byte-aligned ``dst`` and offsets, strides and a channel count that keep
+    each group's vector on one; the caller orders them with :func:`sfence`).
 
     A correlation's inner loops over a row of pixels, one group of 16 (then 8)
     channels at a time across the row (its window rows stay in L1 from pixel to
@@ -660,7 +691,8 @@ taps_window = _by_channels(*CHANNEL_ARGS["taps_window"], """For each channel c <
     ``x[s0 + c + r*rowstep + j*colstep] * wt[w0 + c + r*wrow + j*wstep]``,
     ``rows``, ``cols`` >= 1: one output pixel whose window the map's edges cut,
     summed as :func:`taps_rows` sums (fused, in (row, column) order, the first
-    product rounded alone), four channel groups side by side.""")
+    product rounded alone), four channel groups side by side; ``stream`` as in
+    :func:`taps_rows`.""")
 
 dots_rows = _by_channels(*CHANNEL_ARGS["dots_rows"], """For each channel c < channels (a multiple of 8; as vectors), window row r <
     rows and column j < kw (compile-time constants):
