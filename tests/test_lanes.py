@@ -150,6 +150,7 @@ def test_filters_larger_than_l1_in_channel_chunks(route, k, channels, strides, d
     _assert_lanes_give_row_bits(route, xs, fs, attrs, seed=channels)
 
 
+@pytest.mark.skipif(not numbasep.backends.cpu.simd.STREAMS, reason="x86 only")
 @pytest.mark.parametrize("k, strides", [((3, 3), (1, 1)), ((5, 5), (2, 2)), ((7, 7), (1, 1))])
 def test_large_results_written_with_streaming_stores(route, monkeypatch, k, strides):
     """Results above ``driver._STREAM_BYTES`` (lowered here to 0) go through the

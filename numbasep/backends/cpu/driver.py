@@ -381,7 +381,7 @@ def _streams(plan, res_shape):
     its array is 64-byte aligned): float32 results larger than
     ``_STREAM_BYTES``, with whole vectors of channels per pixel (a multiple of
     ``simd.WIDE``, so that every vector stored starts on a vector boundary)."""
-    return (plan.dtype == _F32 and plan.channels % simd.WIDE == 0
+    return (simd.STREAMS and plan.dtype == _F32 and plan.channels % simd.WIDE == 0
             and math.prod(res_shape) * _F32.itemsize > _STREAM_BYTES)
 
 

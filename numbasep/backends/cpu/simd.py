@@ -8,6 +8,8 @@ time where the CPU has AVX-512 (8 elsewhere), then 8 for a last group of 8; they
 read 16-bit operands given as bit patterns and write 16-bit results that way.
 """
 
+import platform
+
 from llvmlite import binding as llb
 from llvmlite import ir
 from numba import types
@@ -292,8 +294,9 @@ def taps_dot8(typingctx, acc, a0, astep, x, s0, sstep, srow, toffs, g, g0, gstep
 @intrinsic
 def sfence(typingctx):
     """Order the non-temporal stores made so far before any later store (x86
-    ``sfence``): once per job of a kernel that streams its results, so that no
-    other thread reads a result still in a write-combining buffer."""
+    ``sfence``; only where :data:`STREAMS`): once per part of a streaming
+    kernel's jobs, so that no other thread reads a result still in a
+    write-combining buffer."""
     sig = types.void()
 
     def codegen(context, builder, signature, args):
@@ -329,6 +332,10 @@ def _wide_lanes():
 
 
 WIDE = _wide_lanes()
+
+#: Whether the kernels may write with non-temporal stores (their fence,
+#: :func:`sfence`, is an x86 instruction).
+STREAMS = platform.machine().lower() in ("x86_64", "amd64")
 
 
 def _by_channels(make, offsets, channels_at, doc):
