@@ -2,18 +2,19 @@
 kernels (numbasep/backends/cpu/lanes.py).
 
 Channels-last float32 (and 16-bit) problems with the windows of
-``lanes.WINDOWS`` and a multiple of 8 channels compute each row's interior 16
-(then 8) channels at a time across the row; rows whose window reaches past the
-top or the bottom of the map sum only the window rows inside it, and the side
-columns sum only the window columns inside it. Strided input gradients (dilation
-1) are computed by phases: per input row and column phase, a stride-1 gather of
-a sub-window, over pixels a stride apart, in chunks on long rows. The tests aim
-at what is theirs: every count of window rows cut off (paddings up to 4,
-dilations, maps shorter than the window), strides 2 and 3 (every count of
-phase taps), chunked rows, channel counts of one and several 8-lane groups,
-agreement with the row kernels to the bit, non-finite values next to the
-padding, and which problems they take. Routing is forced both ways, so that the
-row kernels keep their coverage of the same problems.
+``lanes.WINDOWS`` and a multiple of 8 channels compute each row 16 (then 8)
+channels at a time across the row; rows whose window reaches past the top or
+the bottom of the map sum only the window rows inside it, and the side columns
+sum only the window columns inside it (in blocks with the taps outside masked
+off, or one pixel at a time). Strided input gradients (dilation 1) are computed
+by phases: per input row and column phase, a stride-1 gather of a sub-window,
+over pixels a stride apart, in chunks on long rows. The tests aim at what is
+theirs: every count of window rows cut off (paddings up to 4, dilations, maps
+shorter than the window), strides 2 and 3 (every count of phase taps), chunked
+rows, both ways of computing side pixels, channel counts of one and several
+8-lane groups, agreement with the row kernels to the bit, non-finite values
+next to the padding, and which problems they take. Routing is forced both ways,
+so that the row kernels keep their coverage of the same problems.
 """
 
 import numpy as np
@@ -132,15 +133,29 @@ def test_long_strided_input_gradient_rows_in_chunks(route, k, strides, width, pa
     np.testing.assert_array_equal(got[True], got[False])
 
 
+@pytest.mark.parametrize("size, k, channels, masked", [
+    (7, 5, 72, True), (12, 7, 24, True), (6, 3, 64, False), (14, 3, 64, False)])
+def test_edge_pixels_in_masked_blocks_or_one_at_a_time(route, size, k, channels, masked):
+    """Both ways of computing the pixels whose window a side cuts (``lanes._run``
+    chooses): in blocks with the taps outside masked off, or one at a time; the
+    reference's values and the row kernels' bits either way."""
+    span = lanes._run.py_func(size, -(k // 2), 1, 1, k, size, channels)
+    assert span == ((0, size) if masked else (k // 2, size - k // 2))
+    xs, fs = (2, size, size, channels), (k, k, channels, 1)
+    attrs = dict(strides=[1, 1, 1, 1], padding="SAME")
+    seen = route(True)
+    seen.clear()
+    support.assert_three_ops_match_the_reference(xs, fs, attrs, np.float32)
+    assert any(seen)
+    _assert_lanes_give_row_bits(route, xs, fs, attrs, seed=size)
+
+
 @pytest.mark.parametrize("k, channels, strides, dilations", [
     ((5, 5), 520, (1, 1), (1, 1)), ((7, 7), 264, (1, 1), (1, 2)), ((5, 5), 496, (2, 2), (1, 1))])
 @pytest.mark.parametrize("padding", ["SAME", "VALID"])
-def test_filters_larger_than_l1_in_channel_chunks(route, k, channels, strides, dilations,
-                                                  padding):
-    """Filters of more than ``lanes._L1_FILTER`` elements: jobs of ``lanes._CHUNK``
-    channels (a last chunk of 8 or 48); the reference's values and the row
-    kernels' bits."""
-    assert k[0] * k[1] * channels > lanes._L1_FILTER and channels % lanes._CHUNK
+def test_filters_larger_than_l1(route, k, channels, strides, dilations, padding):
+    """Filters of more than 48 KB, channel counts that end in a group of 8: the
+    reference's values and the row kernels' bits."""
     xs, fs = (2, 9, 15, channels), k + (channels, 1)
     attrs = dict(strides=[1, *strides, 1], padding=padding, dilations=[1, *dilations, 1])
     seen = route(True)

@@ -112,7 +112,7 @@ def test_taps_rows_sums_each_pixel_in_order(lanes, channels, step, n):
     def run(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
             channels):
         taps_rows(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
-                  channels, 3, 0)
+                  channels, 3, 0, None)
 
     rng = np.random.default_rng(channels + n)
     rows, KW = 2, 3
@@ -132,6 +132,60 @@ def test_taps_rows_sums_each_pixel_in_order(lanes, channels, step, n):
             want[5 + k * C + lane] = _window_sum(x, s0 + k * sstep, rowstep, colstep, wt, 2,
                                                  wrow, wstep, rows, KW, lane)
     np.testing.assert_array_equal(dst, want)
+
+
+@pytest.mark.parametrize("cpix, ctap, c0, n", [(1, 1, -2, 7), (1, -1, 0, 7), (2, 1, -2, 4),
+                                               (1, 2, -4, 8)],
+                         ids=["forward", "gather", "stride2", "dilation2"])
+@pytest.mark.parametrize("first", [0, 1], ids=["blocks", "singles"])
+@pytest.mark.parametrize("channels", [8, 24])
+def test_taps_rows_leaves_out_the_columns_outside(lanes, cpix, ctap, c0, n, first, channels):
+    """``edges``: a row of pixels whose windows both sides of a 5-column map cut
+    (blocks, and single pixels when fewer than a block), each summing the taps
+    inside in order, the first product rounded alone (a sum of -0 products is
+    -0); the columns outside hold NaN, which no sum may see, and those read in
+    their place are not added."""
+    taps_rows = lanes("taps_rows")
+
+    @numba.njit
+    def run(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
+            channels, edges):
+        taps_rows(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
+                  channels, 3, 0, edges)
+
+    rng = np.random.default_rng(channels + n + first)
+    W, rows, KW, margin = 5, 2, 3, 8
+    C = channels + 4
+    rowstep = (W + 2 * margin) * C
+    x = np.full(rows * rowstep, np.nan, np.float32)
+    for r in range(rows):
+        start = r * rowstep + margin * C
+        x[start:start + W * C] = rng.standard_normal(W * C)
+        x[start:start + C] = -0.0       # pixel 0 sums only -0 * w (w > 0): -0
+    wt = np.abs(rng.standard_normal(rows * KW * C)).astype(np.float32)
+    count = n
+    if first:                           # the last 2 pixels: fewer than a block
+        count = 2
+        c0 += (n - 2) * cpix
+    base = margin * C + c0 * C
+    dst = np.full(count * C + 40, np.float32(-7))
+    run(dst, 3, C, x, base, cpix * C, rowstep, ctap * C, wt, 0, KW * C, C, count, rows,
+        channels, (c0, cpix, ctap, W, C))
+    want = np.full_like(dst, np.float32(-7))
+    for k in range(count):
+        for lane in range(channels):
+            acc = None
+            for r in range(rows):
+                for j in range(KW):
+                    col = c0 + k * cpix + j * ctap
+                    if not 0 <= col < W:
+                        continue
+                    xv = x[r * rowstep + (margin + col) * C + lane]
+                    wv = wt[r * KW * C + j * C + lane]
+                    acc = np.float32(xv * wv) if acc is None else _fma32(xv, wv, acc)
+            want[3 + k * C + lane] = acc
+    np.testing.assert_array_equal(dst.view(np.uint32), want.view(np.uint32))
+    assert not np.isnan(want).any()
 
 
 @pytest.mark.parametrize("channels", [8, 56, 80])
@@ -167,7 +221,7 @@ def test_streaming_stores_write_the_same_sums(lanes, n):
     @numba.njit
     def run(dst, d0, dstep, x, s0, wt, n, channels):
         taps_rows(dst, d0, dstep, x, s0, dstep, 50 * dstep, dstep, wt, 0, 3 * dstep, dstep, n, 2,
-                  channels, 3, 1)
+                  channels, 3, 1, None)
         # one more pixel after the row, its window cut to 2 x 2
         taps_window(dst, d0 + n * dstep, x, s0 + n * dstep, 50 * dstep, dstep, wt, 0,
                     3 * dstep, dstep, 2, 2, channels, 1)

@@ -1,24 +1,23 @@
 """Channels-last forward, input gradient and filter gradient, 16 channels at a
 time across each row, in vector registers.
 
-Each output row's interior (the pixels whose whole window lies inside the map)
-is computed by :func:`.simd.taps_rows` (16 lanes, then 8 for a last group of 8
-channels): blocks of pixels whose sums stay in registers through the window,
-each input vector loaded once for all the taps of the block that read it, one
-fused multiply-add per tap. Rows whose window reaches past the top or bottom of
-the map sum the window rows inside it; the side pixels, whose window the left
-or right edge cuts, sum the window columns inside it
-(:func:`.simd.taps_window`). No product with the padding is ever formed, and
-every sum is formed as the row kernels of :mod:`.kernels` form it (taps in
-(kh, kw) order, fused with :func:`.simd.fma`, the first product rounded alone),
-so the two give the same bits.
+Each output row is computed by :func:`.simd.taps_rows` (16 lanes, then 8 for a
+last group of 8 channels): blocks of pixels whose sums stay in registers through
+the window, each input vector loaded once for all the taps of the block that
+read it, one fused multiply-add per tap. Rows whose window reaches past the top
+or bottom of the map sum the window rows inside it. The pixels whose window the
+left or right edge cuts are computed either in blocks too, the taps outside the
+map masked off (a small map, a large window), or one at a time over the window
+columns inside (:func:`.simd.taps_window`), whichever costs less
+(:func:`_run`). No product with the padding reaches a sum, and every sum is
+formed as the row kernels of :mod:`.kernels` form it (taps in (kh, kw) order,
+fused with :func:`.simd.fma`, the first product rounded alone), so the two give
+the same bits.
 
-Jobs are rows of one image, for all channels or, when the filter does not fit
-in L1, for a chunk of ``_CHUNK`` channels (consecutive jobs keep the chunk's
-weights). A strided input gradient is a gather by phases: the input pixels of one row
-and one column phase (a stride apart) read the same sub-window, whose taps sit
-one output-gradient pixel apart, so each phase is a stride-1 gather over pixels
-a stride apart. The filter gradient sums the products of each output-gradient
+Jobs are rows of one image. A strided input gradient is a gather by phases: the
+input pixels of one row and one column phase (a stride apart) read the same
+sub-window, whose taps sit one output-gradient pixel apart, so each phase is a
+stride-1 gather over pixels a stride apart. The filter gradient sums the products of each output-gradient
 row with the window rows it reads in registers (:func:`.simd.dots_rows`).
 
 16-bit operands are read as their bit patterns and 16-bit results written as
@@ -33,6 +32,8 @@ says they are faster for.
 from numba import literally, njit, prange
 
 from .kernels import _interior, _split
+from .simd import BLOCK as _BLOCK
+from .simd import WIDE as _WIDE
 from .simd import dots_rows as _dots_rows
 from .simd import dots_window as _dots_window
 from .simd import sfence as _sfence
@@ -56,25 +57,83 @@ def _taps_inside(i0, r, K, size):
     return k0, k1
 
 
+@njit(inline="always")
+def _span(n, c0, cpix, ctap, K, size, need):
+    """[lo, hi): the pixels k < n of a row, pixel k's tap j at column ``c0 + k*cpix
+    + j*ctap``, that have at least ``need`` of their K taps in [0, size) (a
+    contiguous range, possibly empty)."""
+    lo = 0
+    while lo < n and _inside(c0 + lo * cpix, ctap, K, size) < need:
+        lo += 1
+    hi = n
+    while hi > lo and _inside(c0 + (hi - 1) * cpix, ctap, K, size) < need:
+        hi -= 1
+    return lo, hi
+
+
+@njit(inline="always")
+def _inside(i0, r, K, size):
+    """How many taps of a window whose tap k sits at ``i0 + k*r`` fall in [0, size)."""
+    k0, k1 = _taps_inside(i0, r, K, size)
+    return k1 - k0
+
+
+@njit(inline="always")
+def _blocks(n, K):
+    """What ``n`` pixels cost in blocks (:func:`.simd.taps_rows`), in multiply-adds
+    per window row and channel group: whole blocks, the last overlapping the one
+    before, or single pixels, whose chains of dependent multiply-adds take about
+    twice as long."""
+    if n >= _BLOCK:
+        return (n + _BLOCK - 1) // _BLOCK * _BLOCK * K
+    return 2 * n * K
+
+
+@njit(inline="always")
+def _run(n, c0, cpix, ctap, K, size, C):
+    """[lo, hi): the pixels of a row (as :func:`_span`'s) computed in blocks; the
+    others are computed one at a time (:func:`_pixel`). Either the pixels with
+    every tap inside (the interior, no tap left out) and the others one at a time,
+    or every pixel with a tap inside, the blocks that the edges cut masked
+    (taps outside still cost their multiply-add): whichever costs less. A side
+    pixel's tap costs about 2.5 block multiply-adds (per channel group) when its
+    groups are summed four side by side, 4 in a group of its own (one chain of
+    dependent multiply-adds). Fitted to one thread, N=8, masked / interior and
+    sides (ms): 28x28x240 5x5 0.74 / 0.86-0.94, 7x7x1152 5x5 0.39-0.42 /
+    0.45-0.47, 14x14x576 3x3 0.39-0.40 / 0.36, 56x56x144 3x3 1.20-1.22 /
+    1.17-1.22."""
+    a, b = _span(n, c0, cpix, ctap, K, size, K)
+    lo, hi = _span(n, c0, cpix, ctap, K, size, 1)
+    taps = 0
+    for i in range(a - lo + hi - b):
+        taps += _inside(c0 + _side(lo + i, a, b) * cpix, ctap, K, size)
+    groups = C // _WIDE + C % _WIDE // 8
+    fours = groups // 4 * 4
+    # tenths of a block multiply-add
+    sides = taps * (fours * 25 + (groups - fours) * 40) // groups
+    if 10 * _blocks(hi - lo, K) < 10 * _blocks(b - a, K) + sides:
+        return lo, hi
+    return a, b
+
+
 @njit(nogil=True, cache=True)
-def _row(dst, d0, src, s0, sstep, rowstep, colstep, wt, c0, C, cc, run, k0, k1, KW, NT):
-    """``run`` output pixels from ``dst[d0]`` on, ``C`` apart, ``cc`` channels from
-    channel ``c0`` (``d0`` and ``s0`` already point at it): the taps of window
+def _row(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW, NT, edges):
+    """``run`` output pixels from ``dst[d0]`` on, ``C`` apart: the taps of window
     rows [k0, k1) of a window of KW columns (a compile-time constant), pixel
     k's tap (r, j) at ``src[s0 + k*sstep + r*rowstep + j*colstep]``, 16 channels
-    at a time (then 8); NT (0 or 1, a compile-time constant): non-temporal
-    stores."""
+    at a time (then 8), leaving out the columns outside the map that ``edges``
+    describes (:func:`.simd.taps_rows`); NT (0 or 1, a compile-time constant):
+    non-temporal stores."""
     literally(KW)
     literally(NT)
     rows = k1 - k0
     if rows == 0:
         for k in range(run):
-            dst[d0 + k * C:d0 + k * C + cc] = 0
+            dst[d0 + k * C:d0 + (k + 1) * C] = 0
         return
     s0 += k0 * rowstep
-    w0 = k0 * KW * C + c0
-    _taps_rows(dst, d0, C, src, s0, sstep, rowstep, colstep, wt, w0, KW * C, C, run, rows, cc,
-               KW, NT)
+    _taps_rows(dst, d0, C, src, s0, sstep, rowstep, colstep, wt, k0 * KW * C, KW * C, C, run,
+               rows, C, KW, NT, edges)
 
 
 # The jobs of the forward and input-gradient kernels run in this many parts of
@@ -94,39 +153,6 @@ def _parts(jobs):
 def _part(part, parts, jobs):
     """[first, last + 1): the jobs of part ``part``."""
     return part * jobs // parts, (part + 1) * jobs // parts
-
-
-# Channels computed together per job when the whole filter is larger than this
-# (elements, 48 KB of float32): a chunk's weights stay in L1 over the rows of
-# one image instead of the whole filter being read from L2 for every few pixels.
-# Forward / input gradient, 2 threads, N=8, min of 2 alternating processes,
-# whole rows / chunks of 64: 7x7x1152 5x5 0.25-0.33 / 0.21-0.23 ms, 0.25-0.33 /
-# 0.21-0.26; 14x14x672 5x5 0.52-0.53 / 0.42-0.50, 0.41-0.54 / 0.43-0.52;
-# 14x14x384 7x7 0.43-0.47 / 0.37-0.47, 0.47-0.70 / 0.32-0.48; N=32 2.10 / 1.89
-# (14x14x672), 1.82-1.94 / 1.49-1.50 (14x14x384). Chunks of 32 were slower, of
-# 128 even; filters that fit (19x19x728, 14x14x576 3x3) were up to 1.3x slower
-# in chunks.
-_L1_FILTER = 12 << 10
-_CHUNK = 64
-
-
-@njit(inline="always")
-def _chunks(C, taps):
-    """(channels per job, chunks per row): all channels, or ``_CHUNK`` when the
-    filter (``taps`` x C) would not stay in L1."""
-    CC = C if taps * C <= _L1_FILTER else _CHUNK
-    return CC, (C + CC - 1) // CC
-
-
-@njit(inline="always")
-def _chunk_job(job, R, chunks, CC, C):
-    """Job ``job`` of R rows per image and ``chunks`` channel chunks per row, rows
-    fastest (a thread's run of jobs keeps one chunk's weights): (image, row,
-    first channel, channels)."""
-    nch, r = _split(job, R)
-    n, ch = _split(nch, chunks)
-    c0 = ch * CC
-    return n, r, c0, min(CC, C - c0)
 
 
 # Input-gradient rows longer than this (elements) are computed in chunks of
@@ -165,16 +191,16 @@ def _phase_row(dst, d0, dstep, src, s0, rowstep, wt, w0, wrow, wstep, C, run, ro
 def _phase_chunk(dst, d0, dstep, src, s0, rowstep, wt, w0, wrow, wstep, C, run, rows, J, NT):
     if J == 1:
         _taps_rows(dst, d0, dstep, src, s0, C, rowstep, -C, wt, w0, wrow, wstep, run, rows, C,
-                   1, NT)
+                   1, NT, None)
     elif J == 2:
         _taps_rows(dst, d0, dstep, src, s0, C, rowstep, -C, wt, w0, wrow, wstep, run, rows, C,
-                   2, NT)
+                   2, NT, None)
     elif J == 3:
         _taps_rows(dst, d0, dstep, src, s0, C, rowstep, -C, wt, w0, wrow, wstep, run, rows, C,
-                   3, NT)
+                   3, NT, None)
     else:
         _taps_rows(dst, d0, dstep, src, s0, C, rowstep, -C, wt, w0, wrow, wstep, run, rows, C,
-                   4, NT)
+                   4, NT, None)
 
 
 @njit(inline="always")
@@ -222,32 +248,30 @@ def _build(KH, KW, NT):
         ``w[1, KH, KW, C, 1]``, C a multiple of 8."""
         N, D, H, W, C = x.shape
         _, OD, OH, OW, _ = y.shape
-        a, b = _interior(W, pw, KW, rw, sw, OW)
-        if a >= b:
-            a = b = 0
+        lo, hi = _run(OW, -pw, sw, rw, KW, W, C)
+        edges = (lo * sw - pw, sw, rw, W, C)
         wt = w.reshape(w.size)
         xf = x.reshape(N * D * H * W * C)
         yf = y.reshape(N * OD * OH * OW * C)
-        CC, chunks = _chunks(C, KH * KW)
-        jobs, parts = _parts(N * chunks * OH)
+        jobs, parts = _parts(N * OH)
         for part in prange(parts):
             for job in range(*_part(part, parts, jobs)):
-                n, oh, c0, cc = _chunk_job(job, OH, chunks, CC, C)
-                row = n * OH + oh
+                n, oh = _split(job, OH)
+                row = job
                 ih0 = oh * sh - ph
                 k0, k1 = _taps_inside(ih0, rh, KH, H)
-                s0 = ((n * H + ih0) * W + a * sw - pw) * C + c0
-                if a < b:
-                    _row(yf, (row * OW + a) * C + c0, xf, s0, sw * C, W * rh * C, rw * C, wt, c0, C,
-                         cc, b - a, k0, k1, KW, NT)
+                s0 = ((n * H + ih0) * W + lo * sw - pw) * C
+                if lo < hi:
+                    _row(yf, (row * OW + lo) * C, xf, s0, sw * C, W * rh * C, rw * C, wt, C,
+                         hi - lo, k0, k1, KW, NT, edges)
                 # the columns whose window the sides cut
-                for i in range(a + OW - b):
-                    ow = _side(i, a, b)
+                for i in range(lo + OW - hi):
+                    ow = _side(i, lo, hi)
                     iw0 = ow * sw - pw
                     j0, j1 = _taps_inside(iw0, rw, KW, W)
-                    _pixel(yf, (row * OW + ow) * C + c0, xf,
-                           ((n * H + ih0 + k0 * rh) * W + iw0 + j0 * rw) * C + c0, W * rh * C,
-                           rw * C, wt, (k0 * KW + j0) * C + c0, KW * C, C, cc, k1 - k0, j1 - j0, NT)
+                    _pixel(yf, (row * OW + ow) * C, xf,
+                           ((n * H + ih0 + k0 * rh) * W + iw0 + j0 * rw) * C, W * rh * C,
+                           rw * C, wt, (k0 * KW + j0) * C, KW * C, C, C, k1 - k0, j1 - j0, NT)
             if NT:
                 _sfence()
 
@@ -259,32 +283,28 @@ def _build(KH, KW, NT):
         kw*rw] * w[kh, kw] (taps reach back: negative offsets)."""
         N, D, H, W, C = dx.shape
         _, OD, OH, OW, _ = dy.shape
-        # the interior: every tap's column inside dy
-        a = max(0, (KW - 1) * rw - pw)
-        b = min(W, OW - pw)
-        if a >= b:
-            a = b = 0
+        lo, hi = _run(W, pw, 1, -rw, KW, OW, C)
+        edges = (lo + pw, 1, -rw, OW, C)
         wt = w.reshape(w.size)
         dyf = dy.reshape(N * OD * OH * OW * C)
         dxf = dx.reshape(N * D * H * W * C)
-        CC, chunks = _chunks(C, KH * KW)
-        jobs, parts = _parts(N * chunks * H)
+        jobs, parts = _parts(N * H)
         for part in prange(parts):
             for job in range(*_part(part, parts, jobs)):
-                n, ih, c0, cc = _chunk_job(job, H, chunks, CC, C)
-                row = n * H + ih
+                n, ih = _split(job, H)
+                row = job
                 oh0 = ih + ph
                 k0, k1 = _taps_inside(oh0, -rh, KH, OH)
-                s0 = ((n * OH + oh0) * OW + a + pw) * C + c0
-                if a < b:
-                    _row(dxf, (row * W + a) * C + c0, dyf, s0, C, -OW * rh * C, -rw * C, wt, c0, C,
-                         cc, b - a, k0, k1, KW, NT)
-                for i in range(a + W - b):
-                    iw = _side(i, a, b)
+                s0 = ((n * OH + oh0) * OW + lo + pw) * C
+                if lo < hi:
+                    _row(dxf, (row * W + lo) * C, dyf, s0, C, -OW * rh * C, -rw * C, wt, C,
+                         hi - lo, k0, k1, KW, NT, edges)
+                for i in range(lo + W - hi):
+                    iw = _side(i, lo, hi)
                     j0, j1 = _taps_inside(iw + pw, -rw, KW, OW)
-                    _pixel(dxf, (row * W + iw) * C + c0, dyf,
-                           ((n * OH + oh0 - k0 * rh) * OW + iw + pw - j0 * rw) * C + c0,
-                           -OW * rh * C, -rw * C, wt, (k0 * KW + j0) * C + c0, KW * C, C, cc,
+                    _pixel(dxf, (row * W + iw) * C, dyf,
+                           ((n * OH + oh0 - k0 * rh) * OW + iw + pw - j0 * rw) * C,
+                           -OW * rh * C, -rw * C, wt, (k0 * KW + j0) * C, KW * C, C, C,
                            k1 - k0, j1 - j0, NT)
             if NT:
                 _sfence()

@@ -378,16 +378,20 @@ def _by_channels(make, offsets, channels_at, doc):
 
 def _taps_rows(width):
     def taps_rows(typingctx, dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow,
-                  wstep, n, rows, groups, kw, stream):
+                  wstep, n, rows, groups, kw, stream, edges):
         KW, NT = _taps(kw), _taps(stream)
         if KW is None or NT is None:
             return None
+        EDGES = not isinstance(edges, types.NoneType)
+        if EDGES and not (isinstance(edges, types.BaseTuple) and len(edges) == 5
+                          and all(isinstance(t, types.Integer) for t in edges)):
+            return None
         sig = types.void(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n,
-                         rows, groups, kw, stream)
+                         rows, groups, kw, stream, edges)
 
         def codegen(context, builder, signature, args):
             (_, d0v, dstepv, _, s0v, sstepv, rowv, colv, _, w0v, wrowv, wstepv, nv, rowsv, gv,
-             _, _) = args
+             _, _, edgesv) = args
             v = _Lanes(context, builder, signature, args, width, floats=8)
             ity = s0v.type
             fma = v.fma()
@@ -395,47 +399,126 @@ def _taps_rows(width):
             def const(i):
                 return ir.Constant(ity, i)
 
-            def row_taps(base, wg, r, sums, count, mode):
+            if EDGES:
+                c0v, cpixv, ctapv, climv, cstridev = (
+                    context.cast(builder, builder.extract_value(edgesv, i), t, types.intp)
+                    for i, t in enumerate(signature.args[-1]))
+
+            def column(k, j):
+                """The column pixel k's tap j reads (``edges``)."""
+                return builder.add(c0v, builder.add(builder.mul(k, cpixv),
+                                                    builder.mul(const(j), ctapv)))
+
+            def inside(col):
+                return builder.icmp_unsigned("<", col, climv)
+
+            def clamps(k0, count, mode):
+                """Per input vector a block loads (keyed as ``tap`` keys them): the offset
+                that moves its column into the map (a vector of a column outside is
+                still loaded, from a column inside, so that no load leaves the map)
+                and the lanes mask saying whether the column was inside (all lanes
+                alike)."""
+                out = {}
+                mty = ir.IntType(width)
+                for p in range(count):
+                    for k in range(KW):
+                        key = (p, k) if mode is None else mode * p + k
+                        if key in out:
+                            continue
+                        col = column(builder.add(k0, const(p)), k)
+                        ok = inside(col)
+                        low = builder.icmp_signed("<", col, const(0))
+                        fixed = builder.select(low, const(0), builder.select(
+                            ok, col, builder.sub(climv, const(1))))
+                        adj = builder.mul(builder.sub(fixed, col), cstridev)
+                        mask = builder.bitcast(
+                            builder.select(ok, ir.Constant(mty, -1), ir.Constant(mty, 0)),
+                            ir.VectorType(ir.IntType(1), width))
+                        out[key] = (adj, mask)
+                return out
+
+            def row_taps(base, wg, r, sums, count, mode, edge=None):
                 """Add window row r's taps into the sums of ``count`` pixels from
                 ``base``; ``sums`` None: the first row (the first product is rounded
-                alone, as the scalar kernels' first term)."""
+                alone, as the scalar kernels' first term). ``edge`` (from
+                :func:`clamps`): taps of columns outside the map leave their sums as
+                they are."""
                 rb = builder.add(base, builder.mul(r, rowv))
                 wr = builder.add(wg, builder.mul(r, wrowv))
                 ws = [v.load(8, builder.add(wr, builder.mul(const(k), wstepv)))
                       for k in range(KW)]
                 if mode is None:
-                    def tap(p, k):
-                        return v.value(3, builder.add(
-                            rb, builder.add(builder.mul(const(p), sstepv),
-                                            builder.mul(const(k), colv))))
-                else:
-                    cols = {}
+                    def key(p, k):
+                        return (p, k)
 
-                    def tap(p, k):
-                        j = mode * p + k
-                        if j not in cols:
-                            cols[j] = v.value(3, builder.add(rb, builder.mul(const(j), colv)))
-                        return cols[j]
+                    def at(p, k):
+                        return builder.add(rb, builder.add(builder.mul(const(p), sstepv),
+                                                           builder.mul(const(k), colv)))
+                else:
+                    def key(p, k):
+                        return mode * p + k
+
+                    def at(p, k):
+                        return builder.add(rb, builder.mul(const(key(p, k)), colv))
+                loaded = {}
+
+                def tap(p, k):
+                    if key(p, k) not in loaded:
+                        off = at(p, k)
+                        if edge is not None:
+                            off = builder.add(off, edge[key(p, k)][0])
+                        loaded[key(p, k)] = v.value(3, off)
+                    return loaded[key(p, k)]
                 out = list(sums) if sums is not None else [None] * count
                 for k in range(KW):
                     for p in range(count):
                         t = tap(p, k)
-                        out[p] = (builder.fmul(t, ws[k]) if sums is None and k == 0
-                                  else builder.call(fma, [t, ws[k], out[p]]))
+                        if sums is None and k == 0:
+                            out[p] = builder.fmul(t, ws[k])
+                            continue
+                        new = builder.call(fma, [t, ws[k], out[p]])
+                        out[p] = new if edge is None else builder.select(edge[key(p, k)][1],
+                                                                         new, out[p])
                 return out
 
-            def group(k0, g, count, mode):
+            def group(k0, g, count, mode, masked=False):
                 goff = builder.mul(g, const(width))
                 base = builder.add(builder.add(s0v, goff), builder.mul(k0, sstepv))
                 wg = builder.add(w0v, goff)
-                first = row_taps(base, wg, const(0), None, count, mode)
-                sums = v.loop(builder.sub(rowsv, const(1)), first,
-                              lambda r, sums: row_taps(base, wg, builder.add(r, const(1)), sums,
-                                                       count, mode))
+                if masked:
+                    # every sum starts at -0 and takes each tap inside by a fused
+                    # multiply-add: fma(x, w, -0) is x*w rounded alone, to the bit
+                    edge = clamps(k0, count, mode)
+                    start = [ir.Constant(v.vty, [-0.0] * width)] * count
+                    sums = v.loop(rowsv, start,
+                                  lambda r, sums: row_taps(base, wg, r, sums, count, mode, edge))
+                else:
+                    first = row_taps(base, wg, const(0), None, count, mode)
+                    sums = v.loop(builder.sub(rowsv, const(1)), first,
+                                  lambda r, sums: row_taps(base, wg, builder.add(r, const(1)),
+                                                           sums, count, mode))
                 dg = builder.add(d0v, goff)
                 for p in range(count):
                     k = builder.add(k0, const(p))
                     v.put(sums[p], 0, builder.add(dg, builder.mul(k, dstepv)), NT)
+                return []
+
+            def checked(k0, g, count, mode):
+                """:func:`group`, masked where the block's windows reach past the
+                edges (the first and last taps of its first and last pixels: the
+                extreme columns)."""
+                if not EDGES:
+                    return group(k0, g, count, mode)
+                last = builder.add(k0, const(count - 1))
+                ends = [inside(column(k, j)) for k in (k0, last) for j in (0, KW - 1)]
+                whole = ends[0]
+                for e in ends[1:]:
+                    whole = builder.and_(whole, e)
+                with builder.if_else(whole) as (hit, miss):
+                    with hit:
+                        group(k0, g, count, mode)
+                    with miss:
+                        group(k0, g, count, mode, True)
                 return []
 
             # ceil(n / BLOCK) blocks, the last one ending at pixel n (it overlaps the
@@ -458,8 +541,8 @@ def _taps_rows(width):
                 # in L1 from block to block (all groups per block was 1.3-1.5x
                 # slower on 28x28x240 5x5 maps, whose rows do not fit)
                 def across(g, _):
-                    v.loop(blocks, [], lambda j, _: group(block_start(j), g, BLOCK, mode))
-                    v.loop(singles, [], lambda j, _: group(j, g, 1, None))
+                    v.loop(blocks, [], lambda j, _: checked(block_start(j), g, BLOCK, mode))
+                    v.loop(singles, [], lambda j, _: checked(j, g, 1, None))
                     return []
                 v.loop(gv, [], across)
 
@@ -682,6 +765,10 @@ taps_rows = _by_channels(*CHANNEL_ARGS["taps_rows"], """For each pixel k < n and
     (every store must then be aligned to the vector's size: float32 results, a
     64-byte-aligned ``dst`` and offsets, strides and a channel count that keep
     each group's vector on one; the caller orders them with :func:`sfence`).
+    ``edges``: None when every tap lies inside the map, or ``(c0, cpix, ctap,
+    width, cstride)``: pixel k's tap j reads map column ``c0 + k*cpix +
+    j*ctap``, columns ``cstride`` elements apart, and the taps of columns outside
+    [0, width) are left out of the sums (each pixel must keep one inside).
 
     A correlation's inner loops over a row of pixels, one group of 16 (then 8)
     channels at a time across the row (its window rows stay in L1 from pixel to
@@ -690,7 +777,9 @@ taps_rows = _by_channels(*CHANNEL_ARGS["taps_rows"], """For each pixel k < n and
     step is 1 or -1 column steps, each input vector loaded once for all the
     block's taps that read it. Per tap and pixel one fused multiply-add, in (row,
     column) order, the first product rounded alone: the channels-last kernels'
-    sums (:func:`fma`). 16-bit operands and results may be bit patterns
+    sums (:func:`fma`). Blocks whose windows the edges cut load a column inside
+    in place of each one outside and keep their sums with a lanes mask (a masked
+    multiply-add), from -0 (so that the first product is still rounded alone). 16-bit operands and results may be bit patterns
     (:func:`.halves.value`; results rounded to nearest even as stored).""")
 
 taps_window = _by_channels(*CHANNEL_ARGS["taps_window"], """For each channel c < channels (a multiple of 8; as vectors):
