@@ -17,6 +17,7 @@ next to the padding, and which problems they take. Routing is forced both ways,
 so that the row kernels keep their coverage of the same problems.
 """
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -24,6 +25,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import numbasep
 from numbasep.backends.cpu import driver, lanes
 
+import reference as R
 import support
 
 F = numbasep.depthwise_conv2d_native
@@ -200,6 +202,80 @@ def test_large_results_written_with_streaming_stores(route, monkeypatch, k, stri
         bin_name = "backprop_input" if strides == (1, 1) else "backprop_input_strided"
         assert ran == [want.forward, getattr(want, bin_name)]
     assert all(seen)
+
+
+_MULTIPLIER_ROUTE = driver._multiplier_forward_route
+
+
+@st.composite
+def multiplier_problems(draw):
+    n = draw(st.integers(1, 2))
+    m = draw(st.sampled_from([2, 4, 8, 3]))
+    c = draw(st.sampled_from([1, 2, 4, 6, 8]))
+    # two windows: each (window, multiplier) is a kernel to compile
+    kh, kw = draw(st.sampled_from([(3, 3), (1, 3)]))
+    h, w = draw(st.integers(1, 11)), draw(st.integers(1, 11))
+    rh, rw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    attrs = support.draw_padding(draw, h, w, kh, kw, 1, 1, rh, rw)
+    ep = attrs["explicit_paddings"]
+    attrs = dict(attrs, data_format="NHWC", strides=[1, 1, 1, 1], dilations=[1, rh, rw, 1],
+                 explicit_paddings=[0, 0] + ep[4:] + [0, 0] if ep else [])
+    return (n, h, w, c), (kh, kw, c, m), attrs
+
+
+def _assert_multiplier_in_registers(monkeypatch, xs, fs, attrs, dtype):
+    """The forward of a depth-multiplier problem: the reference's values, and the
+    bits of the multiplier-1 kernels on the input repeated in memory; it runs on
+    the lanes with the channels repeated in registers exactly when they take
+    it."""
+    taken = []
+
+    def spy(plan):
+        launch = _MULTIPLIER_ROUTE(plan)
+        taken.append(launch is not None)
+        return launch
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(xs).astype(dtype)
+    w = rng.standard_normal(fs).astype(dtype)
+    # (hypothesis keeps a test's monkeypatch from one example to the next)
+    with monkeypatch.context() as patch:
+        patch.setattr(driver, "_multiplier_forward_route", spy)
+        support.route_afresh(patch)
+        if dtype == np.float32:
+            support.assert_three_ops_match_the_reference(xs, fs, attrs, dtype)
+        got = F(x, w, **attrs)
+    want = R.raw_forward(x.astype(np.float64), w.astype(np.float64), **attrs)
+    # float32 sums of 16-bit products, rounded once to 16 bits
+    tol = 1e-5 if dtype == np.float32 else 2.0 ** -7
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol,
+                               atol=tol * fs[0] * fs[1])
+    c, m = fs[2], fs[3]
+    assert any(taken) == (m in (2, 4, 8) and c * m % 8 == 0)
+    with monkeypatch.context() as patch:
+        patch.setattr(driver, "_multiplier_forward_route", lambda plan: None)
+        support.route_afresh(patch)
+        want = F(x, w, **attrs)
+    np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(problem=multiplier_problems())
+def test_depth_multipliers_repeat_the_input_in_registers(monkeypatch, problem):
+    """Forwards with depth multipliers 2, 4 and 8 read each input vector once and
+    repeat its channels in registers for their output channels (multiplier 3, and
+    output channels not a multiple of 8, repeat the input in memory)."""
+    _assert_multiplier_in_registers(monkeypatch, *problem, np.float32)
+
+
+@pytest.mark.parametrize("dtype, m", [(np.float16, 2), (ml_dtypes.bfloat16, 8)],
+                         ids=["float16", "bfloat16"])
+def test_depth_multipliers_in_registers_read_16_bit_patterns(monkeypatch, dtype, m):
+    """16-bit inputs read as bit patterns, widened, then repeated in registers (and
+    the results rounded as stored)."""
+    attrs = dict(strides=[1, 1, 1, 1], padding="SAME")
+    _assert_multiplier_in_registers(monkeypatch, (2, 6, 9, 16 // m * 3), (3, 3, 16 // m * 3, m),
+                                    attrs, np.dtype(dtype))
 
 
 @pytest.mark.parametrize("where", ["x", "w"])

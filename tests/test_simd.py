@@ -112,7 +112,7 @@ def test_taps_rows_sums_each_pixel_in_order(lanes, channels, step, n):
     def run(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
             channels):
         taps_rows(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
-                  channels, 3, 0, None)
+                  channels, 3, 0, None, 1)
 
     rng = np.random.default_rng(channels + n)
     rows, KW = 2, 3
@@ -151,7 +151,7 @@ def test_taps_rows_leaves_out_the_columns_outside(lanes, cpix, ctap, c0, n, firs
     def run(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
             channels, edges):
         taps_rows(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
-                  channels, 3, 0, edges)
+                  channels, 3, 0, edges, 1)
 
     rng = np.random.default_rng(channels + n + first)
     W, rows, KW, margin = 5, 2, 3, 8
@@ -221,7 +221,7 @@ def test_streaming_stores_write_the_same_sums(lanes, n):
     @numba.njit
     def run(dst, d0, dstep, x, s0, wt, n, channels):
         taps_rows(dst, d0, dstep, x, s0, dstep, 50 * dstep, dstep, wt, 0, 3 * dstep, dstep, n, 2,
-                  channels, 3, 1, None)
+                  channels, 3, 1, None, 1)
         # one more pixel after the row, its window cut to 2 x 2
         taps_window(dst, d0 + n * dstep, x, s0 + n * dstep, 50 * dstep, dstep, wt, 0,
                     3 * dstep, dstep, 2, 2, channels, 1)

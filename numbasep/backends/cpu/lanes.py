@@ -117,15 +117,17 @@ def _run(n, c0, cpix, ctap, K, size, C):
 
 
 @njit(nogil=True, cache=True)
-def _row(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW, NT, edges):
+def _row(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW, NT, edges, M):
     """``run`` output pixels from ``dst[d0]`` on, ``C`` apart: the taps of window
     rows [k0, k1) of a window of KW columns (a compile-time constant), pixel
     k's tap (r, j) at ``src[s0 + k*sstep + r*rowstep + j*colstep]``, 16 channels
     at a time (then 8), leaving out the columns outside the map that ``edges``
     describes (:func:`.simd.taps_rows`); NT (0 or 1, a compile-time constant):
-    non-temporal stores."""
+    non-temporal stores; M (a compile-time constant): ``src`` holds a depth
+    multiplier M's input (its channel c // M for output channel c)."""
     literally(KW)
     literally(NT)
+    literally(M)
     rows = k1 - k0
     if rows == 0:
         for k in range(run):
@@ -133,7 +135,7 @@ def _row(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW, NT, 
         return
     s0 += k0 * rowstep
     _taps_rows(dst, d0, C, src, s0, sstep, rowstep, colstep, wt, k0 * KW * C, KW * C, C, run,
-               rows, C, KW, NT, edges)
+               rows, C, KW, NT, edges, M)
 
 
 # The jobs of the forward and input-gradient kernels run in this many parts of
@@ -191,16 +193,16 @@ def _phase_row(dst, d0, dstep, src, s0, rowstep, wt, w0, wrow, wstep, C, run, ro
 def _phase_chunk(dst, d0, dstep, src, s0, rowstep, wt, w0, wrow, wstep, C, run, rows, J, NT):
     if J == 1:
         _taps_rows(dst, d0, dstep, src, s0, C, rowstep, -C, wt, w0, wrow, wstep, run, rows, C,
-                   1, NT, None)
+                   1, NT, None, 1)
     elif J == 2:
         _taps_rows(dst, d0, dstep, src, s0, C, rowstep, -C, wt, w0, wrow, wstep, run, rows, C,
-                   2, NT, None)
+                   2, NT, None, 1)
     elif J == 3:
         _taps_rows(dst, d0, dstep, src, s0, C, rowstep, -C, wt, w0, wrow, wstep, run, rows, C,
-                   3, NT, None)
+                   3, NT, None, 1)
     else:
         _taps_rows(dst, d0, dstep, src, s0, C, rowstep, -C, wt, w0, wrow, wstep, run, rows, C,
-                   4, NT, None)
+                   4, NT, None, 1)
 
 
 @njit(inline="always")
@@ -241,17 +243,22 @@ def _dots_pixel(part, a0, arow, src, s0, rowstep, colstep, dy, g0, C, rows, cols
     _dots_window(part, a0, arow, C, src, s0, rowstep, colstep, dy, g0, rows, cols, C)
 
 
-def _build(KH, KW, NT):
+def _build(KH, KW, NT, M):
     @njit(parallel=True, nogil=True, cache=True)
     def forward(x, w, y, sd, sh, sw, rd, rh, rw, pd, ph, pw):
-        """As :func:`.kernels` ``forward_cl``, for ``x[N, 1, H, W, C]``,
-        ``w[1, KH, KW, C, 1]``, C a multiple of 8."""
-        N, D, H, W, C = x.shape
-        _, OD, OH, OW, _ = y.shape
-        lo, hi = _run(OW, -pw, sw, rw, KW, W, C)
-        edges = (lo * sw - pw, sw, rw, W, C)
+        """As :func:`.kernels` ``forward_cl``, for ``x[N, 1, H, W, C / M]``,
+        ``w[1, KH, KW, C, 1]``, ``y[N, 1, OH, OW, C]``, C a multiple of 8: depth
+        multiplier M (output channel c sees input channel c // M); above 1, the
+        pixels whose window a side cuts are computed in masked blocks."""
+        N, D, H, W, CI = x.shape
+        _, OD, OH, OW, C = y.shape
+        if M == 1:
+            lo, hi = _run(OW, -pw, sw, rw, KW, W, C)
+        else:
+            lo, hi = _span(OW, -pw, sw, rw, KW, W, 1)
+        edges = (lo * sw - pw, sw, rw, W, CI)
         wt = w.reshape(w.size)
-        xf = x.reshape(N * D * H * W * C)
+        xf = x.reshape(N * D * H * W * CI)
         yf = y.reshape(N * OD * OH * OW * C)
         jobs, parts = _parts(N * OH)
         for part in prange(parts):
@@ -260,13 +267,16 @@ def _build(KH, KW, NT):
                 row = job
                 ih0 = oh * sh - ph
                 k0, k1 = _taps_inside(ih0, rh, KH, H)
-                s0 = ((n * H + ih0) * W + lo * sw - pw) * C
+                s0 = ((n * H + ih0) * W + lo * sw - pw) * CI
                 if lo < hi:
-                    _row(yf, (row * OW + lo) * C, xf, s0, sw * C, W * rh * C, rw * C, wt, C,
-                         hi - lo, k0, k1, KW, NT, edges)
+                    _row(yf, (row * OW + lo) * C, xf, s0, sw * CI, W * rh * CI, rw * CI, wt, C,
+                         hi - lo, k0, k1, KW, NT, edges, M)
                 # the columns whose window the sides cut
                 for i in range(lo + OW - hi):
                     ow = _side(i, lo, hi)
+                    if M > 1:       # none of their taps inside (the others are in blocks)
+                        yf[(row * OW + ow) * C:(row * OW + ow + 1) * C] = 0
+                        continue
                     iw0 = ow * sw - pw
                     j0, j1 = _taps_inside(iw0, rw, KW, W)
                     _pixel(yf, (row * OW + ow) * C, xf,
@@ -298,7 +308,7 @@ def _build(KH, KW, NT):
                 s0 = ((n * OH + oh0) * OW + lo + pw) * C
                 if lo < hi:
                     _row(dxf, (row * W + lo) * C, dyf, s0, C, -OW * rh * C, -rw * C, wt, C,
-                         hi - lo, k0, k1, KW, NT, edges)
+                         hi - lo, k0, k1, KW, NT, edges, 1)
                 for i in range(lo + W - hi):
                     iw = _side(i, lo, hi)
                     j0, j1 = _taps_inside(iw + pw, -rw, KW, OW)
@@ -413,20 +423,22 @@ class LaneKernels:
     1), ``backprop_input_strided`` (dilation 1) and ``backprop_filter``; with
     ``stream``, the first three writing their results with non-temporal stores
     (every result vector must be aligned to its size: the driver's
-    ``_streams``)."""
+    ``_streams``); with ``multiplier`` M above 1, ``forward`` reads a depth
+    multiplier M's input (the others serve multiplier 1 only)."""
 
-    def __init__(self, KH, KW, stream=False):
+    def __init__(self, KH, KW, stream=False, multiplier=1):
         (self.forward, self.backprop_input, self.backprop_input_strided,
-         self.backprop_filter) = _build(KH, KW, int(stream))
+         self.backprop_filter) = _build(KH, KW, int(stream), multiplier)
 
 
 _sets = {}
 
 
-def kernels(KH, KW, stream=False):
+def kernels(KH, KW, stream=False, multiplier=1):
     """The lane kernels for a KH x KW window of ``WINDOWS`` (``stream``: writing
-    with non-temporal stores)."""
-    key = (KH, KW, bool(stream))
+    with non-temporal stores; ``multiplier``: a depth multiplier of
+    :data:`.simd.REPEATS` for the forward)."""
+    key = (KH, KW, bool(stream), multiplier)
     if key not in _sets:
         _sets[key] = LaneKernels(*key)
     return _sets[key]

@@ -151,22 +151,32 @@ class _Lanes:
     def load(self, i, off):
         return self.builder.load(self._ptr(i, off), align=self.align)
 
-    def value(self, i, off):
+    def value(self, i, off, rep=1):
         """A vector of array ``i``'s elements as the kernels compute with them: 16-bit
         bit patterns (:func:`.halves.value`: ``uint16`` bfloat16, ``int16``
-        float16) widened as loaded, floats as they are."""
+        float16) widened as loaded, floats as they are. ``rep`` > 1: the vector
+        of lanes / ``rep`` elements from ``off``, each repeated ``rep`` times
+        (a depth multiplier's input channels, as its output channels see them)."""
         dtype = self.types[i].dtype
-        if dtype not in (types.uint16, types.int16):
-            return self.load(i, off)
         b = self.builder
-        n = self.vty.count
-        raw = b.load(b.bitcast(b.gep(self.arrays[i].data, [off]),
-                               ir.VectorType(ir.IntType(16), n).as_pointer()), align=2)
-        if dtype == types.int16:
-            return b.fpext(b.bitcast(raw, ir.VectorType(ir.HalfType(), n)), self.vty)
-        wide = b.shl(b.zext(raw, ir.VectorType(_I32, n)),
-                     ir.Constant(ir.VectorType(_I32, n), [16] * n))
-        return b.bitcast(wide, self.vty)
+        n = self.vty.count // rep
+        if dtype not in (types.uint16, types.int16):
+            got = b.load(b.bitcast(b.gep(self.arrays[i].data, [off]),
+                                   ir.VectorType(self.elt, n).as_pointer()), align=self.align)
+        else:
+            raw = b.load(b.bitcast(b.gep(self.arrays[i].data, [off]),
+                                   ir.VectorType(ir.IntType(16), n).as_pointer()), align=2)
+            fty = ir.VectorType(self.elt, n)
+            if dtype == types.int16:
+                got = b.fpext(b.bitcast(raw, ir.VectorType(ir.HalfType(), n)), fty)
+            else:
+                wide = b.shl(b.zext(raw, ir.VectorType(_I32, n)),
+                             ir.Constant(ir.VectorType(_I32, n), [16] * n))
+                got = b.bitcast(wide, fty)
+        if rep == 1:
+            return got
+        return b.shuffle_vector(got, got, ir.Constant(ir.VectorType(_I32, self.vty.count),
+                                                      [k // rep for k in range(self.vty.count)]))
 
     def put(self, value, i, off, stream=False):
         """Store a vector of results into array ``i``: rounded to 16 bits when the
@@ -334,17 +344,26 @@ def _wide_lanes():
 
 WIDE = _wide_lanes()
 
+#: The depth multipliers ``taps_rows`` reads an input for directly (each input
+#: channel repeated for its output channels, in registers): those that divide
+#: a vector of 8 lanes.
+REPEATS = (1, 2, 4, 8)
+_REPEATS = REPEATS
+
 #: Whether the kernels may write with non-temporal stores (their fence,
 #: :func:`sfence`, is an x86 instruction).
 STREAMS = platform.machine().lower() in ("x86_64", "amd64")
 
 
-def _by_channels(make, offsets, channels_at, doc):
+def _by_channels(make, offsets, channels_at, repeated, doc):
     """One intrinsic from the factory ``make(width)`` of typing functions whose
     argument ``channels_at`` counts channel groups of ``width`` lanes: it takes a
     channel count (a multiple of 8) there instead, and runs ``make(WIDE)``'s code
     on the groups of ``WIDE``, then ``make(8)``'s on a last 8 (the element offsets
-    at ``offsets`` moved past the others)."""
+    at ``offsets`` moved past the others). ``repeated``: None, or (offset,
+    repeat): the offset argument into an array whose channels the compile-time
+    argument ``repeat`` repeats, which moves past as many elements divided by
+    it."""
     wide, narrow = make(WIDE), make(8)
 
     def typer(typingctx, *args):
@@ -353,6 +372,9 @@ def _by_channels(make, offsets, channels_at, doc):
             return None
         sig, wide_code = typed
         narrow_code = narrow(typingctx, *args)[1]
+        step = {i: 1 for i in offsets}
+        if repeated is not None:
+            step[repeated[0]] = _taps(args[repeated[1]])
 
         def codegen(context, builder, signature, cargs):
             channels = cargs[channels_at]
@@ -365,7 +387,7 @@ def _by_channels(make, offsets, channels_at, doc):
             args8 = list(cargs)
             args8[channels_at] = builder.sdiv(builder.sub(channels, shift), ir.Constant(ity, 8))
             for i in offsets:
-                args8[i] = builder.add(cargs[i], shift)
+                args8[i] = builder.add(cargs[i], builder.sdiv(shift, ir.Constant(ity, step[i])))
             narrow_code(context, builder, signature, args8)
             return context.get_dummy_value()
 
@@ -379,20 +401,20 @@ def _by_channels(make, offsets, channels_at, doc):
 
 def _taps_rows(width):
     def taps_rows(typingctx, dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow,
-                  wstep, n, rows, groups, kw, stream, edges):
-        KW, NT = _taps(kw), _taps(stream)
-        if KW is None or NT is None:
+                  wstep, n, rows, groups, kw, stream, edges, repeat):
+        KW, NT, REP = _taps(kw), _taps(stream), _taps(repeat)
+        if KW is None or NT is None or REP not in _REPEATS:
             return None
         EDGES = not isinstance(edges, types.NoneType)
         if EDGES and not (isinstance(edges, types.BaseTuple) and len(edges) == 5
                           and all(isinstance(t, types.Integer) for t in edges)):
             return None
         sig = types.void(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n,
-                         rows, groups, kw, stream, edges)
+                         rows, groups, kw, stream, edges, repeat)
 
         def codegen(context, builder, signature, args):
             (_, d0v, dstepv, _, s0v, sstepv, rowv, colv, _, w0v, wrowv, wstepv, nv, rowsv, gv,
-             _, _, edgesv) = args
+             _, _, edgesv, _) = args
             v = _Lanes(context, builder, signature, args, width, floats=8)
             ity = s0v.type
             fma = v.fma()
@@ -403,7 +425,7 @@ def _taps_rows(width):
             if EDGES:
                 c0v, cpixv, ctapv, climv, cstridev = (
                     context.cast(builder, builder.extract_value(edgesv, i), t, types.intp)
-                    for i, t in enumerate(signature.args[-1]))
+                    for i, t in enumerate(signature.args[-2]))
 
             def column(k, j):
                 """The column pixel k's tap j reads (``edges``)."""
@@ -468,7 +490,7 @@ def _taps_rows(width):
                         off = at(p, k)
                         if edge is not None:
                             off = builder.add(off, edge[key(p, k)][0])
-                        loaded[key(p, k)] = v.value(3, off)
+                        loaded[key(p, k)] = v.value(3, off, REP)
                     return loaded[key(p, k)]
                 out = list(sums) if sums is not None else [None] * count
                 for k in range(KW):
@@ -484,7 +506,8 @@ def _taps_rows(width):
 
             def group(k0, g, count, mode, masked=False):
                 goff = builder.mul(g, const(width))
-                base = builder.add(builder.add(s0v, goff), builder.mul(k0, sstepv))
+                base = builder.add(builder.add(s0v, builder.mul(g, const(width // REP))),
+                                   builder.mul(k0, sstepv))
                 wg = builder.add(w0v, goff)
                 if masked:
                     # every sum starts at -0 and takes each tap inside by a fused
@@ -750,12 +773,13 @@ def _dots_window(width):
 
 
 #: Per intrinsic: its factory, the arguments that are element offsets into the
-#: channel-carrying arrays, and the argument holding the channel count.
+#: channel-carrying arrays, the argument holding the channel count, and
+#: (offset, repeat) for an input whose channels a depth multiplier repeats.
 CHANNEL_ARGS = {
-    "taps_rows": (_taps_rows, (1, 4, 9), 14),
-    "taps_window": (_taps_window, (1, 3, 7), 12),
-    "dots_rows": (_dots_rows, (1, 4, 9), 12),
-    "dots_window": (_dots_window, (1, 5, 9), 12),
+    "taps_rows": (_taps_rows, (1, 4, 9), 14, (4, 18)),
+    "taps_window": (_taps_window, (1, 3, 7), 12, None),
+    "dots_rows": (_dots_rows, (1, 4, 9), 12, None),
+    "dots_window": (_dots_window, (1, 5, 9), 12, None),
 }
 
 taps_rows = _by_channels(*CHANNEL_ARGS["taps_rows"], """For each pixel k < n and channel c < channels (a multiple of 8; as vectors):
@@ -770,6 +794,10 @@ taps_rows = _by_channels(*CHANNEL_ARGS["taps_rows"], """For each pixel k < n and
     width, cstride)``: pixel k's tap j reads map column ``c0 + k*cpix +
     j*ctap``, columns ``cstride`` elements apart, and the taps of columns outside
     [0, width) are left out of the sums (each pixel must keep one inside).
+    ``repeat`` (a compile-time 1, 2, 4 or 8): x holds a depth multiplier's
+    input, whose channel ``c // repeat`` output channel c sees (``s0`` and the
+    steps count x's own elements; each vector of x is read as lanes / repeat
+    elements repeated in registers).
 
     A correlation's inner loops over a row of pixels, one group of 16 (then 8)
     channels at a time across the row (its window rows stay in L1 from pixel to
