@@ -2,8 +2,9 @@
 and the routing of multiplier-M problems to the multiplier-1 kernels.
 
 Correctness of the operators with M > 1 against the float64 reference is swept by
-test_raw_ops.py and test_keras_ops.py; here: the two helper kernels element by
-element, and that every M > 1 call of the three ops reaches the multiplier-1 path.
+test_raw_ops.py and test_keras_ops.py (and the lanes' own path by test_lanes.py);
+here: the two helper kernels element by element, and which M > 1 calls of the
+three ops repeat the input in memory for the multiplier-1 path.
 """
 
 import numpy as np
@@ -11,6 +12,8 @@ import pytest
 
 import numbasep
 from numbasep.backends.cpu import driver, groups
+
+import support
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -30,22 +33,36 @@ def test_repeat_and_sum_groups_element_by_element(dtype, m):
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
-def test_every_op_with_a_multiplier_runs_on_multiplier_one_kernels(monkeypatch, data_format):
+@pytest.mark.parametrize("data_format, dtype, channels, fused", [
+    ("NHWC", np.float64, 3, False), ("NCHW", np.float64, 3, False),
+    ("NHWC", np.float32, 3, False), ("NHWC", np.float32, 4, True)])
+def test_ops_with_a_multiplier_repeat_the_input_unless_the_lanes_take_them(
+        monkeypatch, data_format, dtype, channels, fused):
+    """The forward and filter gradient run on the multiplier-1 kernels from the
+    input with its channels repeated in memory, unless the lane kernels repeat
+    them in registers (channels-last float32, 8k output channels); the input
+    gradient always sums the repeated input's gradient."""
     seen = []
-    real = driver._single_plan
+    repeated, summed = driver._repeated, driver.CPUBackend._sum_repeated
 
-    def spy(plan):
-        p = real(plan)
-        seen.append((plan.multiplier, p.multiplier, p.channels))
-        return p
-    monkeypatch.setattr(driver, "_single_plan", spy)
+    def spy_repeated(plan, a):
+        seen.append(("repeated", plan.multiplier, a.shape))
+        return repeated(plan, a)
+
+    def spy_summed(self, plan, *args):
+        seen.append(("summed", plan.multiplier))
+        return summed(self, plan, *args)
+    monkeypatch.setattr(driver, "_repeated", spy_repeated)
+    monkeypatch.setattr(driver.CPUBackend, "_sum_repeated", spy_summed)
+    support.route_afresh(monkeypatch)
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((2, 5, 6, 3) if data_format == "NHWC" else (2, 3, 5, 6))
-    w = rng.standard_normal((3, 3, 3, 4))
+    xs = (2, 5, 6, channels) if data_format == "NHWC" else (2, channels, 5, 6)
+    x = rng.standard_normal(xs).astype(dtype)
+    w = rng.standard_normal((3, 3, channels, 4)).astype(dtype)
     y = numbasep.depthwise_conv2d_native(x, w, [1, 1, 1, 1], "SAME", data_format=data_format)
     numbasep.depthwise_conv2d_native_backprop_input(list(x.shape), w, y, [1, 1, 1, 1], "SAME",
                                                     data_format=data_format)
     numbasep.depthwise_conv2d_native_backprop_filter(x, list(w.shape), y, [1, 1, 1, 1], "SAME",
                                                      data_format=data_format)
-    assert seen == [(4, 1, 12)] * 3
+    rep = ("repeated", 4, xs)
+    assert seen == ([("summed", 4)] if fused else [rep, ("summed", 4), rep])

@@ -30,6 +30,7 @@ import support
 
 F = numbasep.depthwise_conv2d_native
 BI = numbasep.depthwise_conv2d_native_backprop_input
+BF = numbasep.depthwise_conv2d_native_backprop_filter
 
 
 @pytest.fixture
@@ -204,7 +205,8 @@ def test_large_results_written_with_streaming_stores(route, monkeypatch, k, stri
     assert all(seen)
 
 
-_MULTIPLIER_ROUTE = driver._multiplier_forward_route
+_MULTIPLIER_ROUTES = {"_multiplier_forward_route": driver._multiplier_forward_route,
+                      "_multiplier_filter_route": driver._multiplier_filter_route}
 
 
 @st.composite
@@ -224,33 +226,42 @@ def multiplier_problems(draw):
 
 
 def _assert_multiplier_in_registers(monkeypatch, xs, fs, attrs, dtype):
-    """The forward of a depth-multiplier problem: the reference's values, and the
-    bits of the multiplier-1 kernels on the input repeated in memory; it runs on
-    the lanes with the channels repeated in registers exactly when they take
-    it."""
-    taken = []
+    """The forward and filter gradient of a depth-multiplier problem: the
+    reference's values, and for the forward the bits of the multiplier-1 kernels
+    on the input repeated in memory; both run on the lanes with the channels
+    repeated in registers exactly when they take it."""
+    taken = {name: [] for name in _MULTIPLIER_ROUTES}
 
-    def spy(plan):
-        launch = _MULTIPLIER_ROUTE(plan)
-        taken.append(launch is not None)
-        return launch
+    def spy(name):
+        def route(plan):
+            launch = _MULTIPLIER_ROUTES[name](plan)
+            taken[name].append(launch is not None)
+            return launch
+        return route
     rng = np.random.default_rng(3)
     x = rng.standard_normal(xs).astype(dtype)
     w = rng.standard_normal(fs).astype(dtype)
     # (hypothesis keeps a test's monkeypatch from one example to the next)
     with monkeypatch.context() as patch:
-        patch.setattr(driver, "_multiplier_forward_route", spy)
+        for name in _MULTIPLIER_ROUTES:
+            patch.setattr(driver, name, spy(name))
         support.route_afresh(patch)
         if dtype == np.float32:
             support.assert_three_ops_match_the_reference(xs, fs, attrs, dtype)
         got = F(x, w, **attrs)
-    want = R.raw_forward(x.astype(np.float64), w.astype(np.float64), **attrs)
+        dy = rng.standard_normal(got.shape).astype(dtype)
+        dw = BF(x, list(fs), dy, **attrs)
+    c, m = fs[2], fs[3]
+    for name in _MULTIPLIER_ROUTES:
+        assert any(taken[name]) == (m in (2, 4, 8) and c * m % 8 == 0)
+    x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
     # float32 sums of 16-bit products, rounded once to 16 bits
     tol = 1e-5 if dtype == np.float32 else 2.0 ** -7
-    np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol,
-                               atol=tol * fs[0] * fs[1])
-    c, m = fs[2], fs[3]
-    assert any(taken) == (m in (2, 4, 8) and c * m % 8 == 0)
+    for g, want in ((got, R.raw_forward(x64, w64, **attrs)),
+                    (dw, R.raw_backprop_filter(x64, list(fs), dy64, **attrs))):
+        scale = 1.0 + np.abs(want).max(initial=0.0)
+        np.testing.assert_allclose(g.astype(np.float64), want, rtol=tol,
+                                   atol=tol * scale * fs[0] * fs[1])
     with monkeypatch.context() as patch:
         patch.setattr(driver, "_multiplier_forward_route", lambda plan: None)
         support.route_afresh(patch)
@@ -262,9 +273,10 @@ def _assert_multiplier_in_registers(monkeypatch, xs, fs, attrs, dtype):
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(problem=multiplier_problems())
 def test_depth_multipliers_repeat_the_input_in_registers(monkeypatch, problem):
-    """Forwards with depth multipliers 2, 4 and 8 read each input vector once and
-    repeat its channels in registers for their output channels (multiplier 3, and
-    output channels not a multiple of 8, repeat the input in memory)."""
+    """Forwards and filter gradients with depth multipliers 2, 4 and 8 read each
+    input vector once and repeat its channels in registers for their output
+    channels (multiplier 3, and output channels not a multiple of 8, repeat the
+    input in memory)."""
     _assert_multiplier_in_registers(monkeypatch, *problem, np.float32)
 
 
@@ -272,7 +284,7 @@ def test_depth_multipliers_repeat_the_input_in_registers(monkeypatch, problem):
                          ids=["float16", "bfloat16"])
 def test_depth_multipliers_in_registers_read_16_bit_patterns(monkeypatch, dtype, m):
     """16-bit inputs read as bit patterns, widened, then repeated in registers (and
-    the results rounded as stored)."""
+    forward results rounded as stored)."""
     attrs = dict(strides=[1, 1, 1, 1], padding="SAME")
     _assert_multiplier_in_registers(monkeypatch, (2, 6, 9, 16 // m * 3), (3, 3, 16 // m * 3, m),
                                     attrs, np.dtype(dtype))

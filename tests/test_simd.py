@@ -267,10 +267,10 @@ def test_dots_rows_adds_each_taps_sum(lanes, channels, step, n, rows):
     def run(acc, a0, astep, x, s0, sstep, rowstep, colstep, g, g0, gstep, n, channels, rows):
         if rows == 1:
             dots_rows(acc, a0, astep, x, s0, sstep, rowstep, colstep, g, g0, gstep, n,
-                      channels, 1, 3)
+                      channels, 1, 3, 1)
         else:
             dots_rows(acc, a0, astep, x, s0, sstep, rowstep, colstep, g, g0, gstep, n,
-                      channels, 3, 3)
+                      channels, 3, 3, 1)
 
     rng = np.random.default_rng(channels + 7 * n + rows)
     C = channels + 8
@@ -297,7 +297,8 @@ def test_dots_window_adds_one_pixels_products(lanes, channels, rows, cols):
 
     @numba.njit
     def run(acc, a0, arow, astep, x, s0, rowstep, colstep, g, g0, rows, cols, channels):
-        dots_window(acc, a0, arow, astep, x, s0, rowstep, colstep, g, g0, rows, cols, channels)
+        dots_window(acc, a0, arow, astep, x, s0, rowstep, colstep, g, g0, rows, cols, channels,
+                    1)
 
     rng = np.random.default_rng(channels + rows * 3 + cols)
     C = channels + 8

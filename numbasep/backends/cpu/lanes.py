@@ -17,8 +17,11 @@ the same bits.
 Jobs are rows of one image. A strided input gradient is a gather by phases: the
 input pixels of one row and one column phase (a stride apart) read the same
 sub-window, whose taps sit one output-gradient pixel apart, so each phase is a
-stride-1 gather over pixels a stride apart. The filter gradient sums the products of each output-gradient
-row with the window rows it reads in registers (:func:`.simd.dots_rows`).
+stride-1 gather over pixels a stride apart. The filter gradient sums the
+products of each output-gradient row with the window rows it reads in registers
+(:func:`.simd.dots_rows`). The forward and the filter gradient also take depth
+multipliers 2, 4 and 8, reading each input vector once and repeating its
+channels in registers for their output channels.
 
 16-bit operands are read as their bit patterns and 16-bit results written as
 theirs (the driver's ``raw16`` / ``writes16``): every result element is stored
@@ -223,24 +226,26 @@ def _side(i, a, b):
 
 
 @njit(nogil=True, cache=True)
-def _dots(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW):
+def _dots(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, M):
     """Add into ``part`` (flat ``[kh, kw, c]``, from ``a0``) the products of ``run``
     output-gradient pixels from ``dy[g0]`` (``C`` apart) with the ``rows`` x KW
     window taps they read from ``src``, pixel k's tap (r, j) at ``src[s0 +
-    k*sstep + r*rowstep + j*colstep]``. ``rows``, KW: compile-time constants."""
+    k*sstep + r*rowstep + j*colstep]``. ``rows``, KW, M: compile-time constants
+    (M: ``src`` holds a depth multiplier M's input, as in :func:`_row`)."""
     literally(rows)
     literally(KW)
-    _dots_rows(part, a0, C, src, s0, sstep, rowstep, colstep, dy, g0, C, run, C, rows, KW)
+    literally(M)
+    _dots_rows(part, a0, C, src, s0, sstep, rowstep, colstep, dy, g0, C, run, C, rows, KW, M)
 
 
 @njit(inline="always")
-def _dots_pixel(part, a0, arow, src, s0, rowstep, colstep, dy, g0, C, rows, cols):
+def _dots_pixel(part, a0, arow, src, s0, rowstep, colstep, dy, g0, C, rows, cols, M):
     """Add one output-gradient pixel's products with the ``rows`` x ``cols`` window
     taps inside the map into ``part`` (tap (r, j) at ``part[a0 + r*arow + j*C]``,
     ``src[s0 + r*rowstep + j*colstep]``)."""
     if rows <= 0 or cols <= 0:
         return
-    _dots_window(part, a0, arow, C, src, s0, rowstep, colstep, dy, g0, rows, cols, C)
+    _dots_window(part, a0, arow, C, src, s0, rowstep, colstep, dy, g0, rows, cols, C, M)
 
 
 def _build(KH, KW, NT, M):
@@ -375,18 +380,19 @@ def _build(KH, KW, NT, M):
 
     @njit(parallel=True, nogil=True, cache=True)
     def backprop_filter(x, dy, parts, sd, sh, sw, rd, rh, rw, pd, ph, pw):
-        """As :func:`.kernels` ``backprop_filter_cl``, for ``x[N, 1, H, W, C]``,
-        ``dy[N, 1, OH, OW, C]``, partial filters ``parts[P, 1, KH, KW, C, 1]``, C a
-        multiple of 8: partial filter p sums the output rows [p*rows/P,
-        (p+1)*rows/P) (a split that depends on the problem only)."""
-        N, D, H, W, C = x.shape
-        _, OD, OH, OW, _ = dy.shape
+        """As :func:`.kernels` ``backprop_filter_cl``, for ``x[N, 1, H, W, C / M]``,
+        ``dy[N, 1, OH, OW, C]``, partial filters ``parts[P, 1, KH, KW, C / M, M]``,
+        C a multiple of 8 (depth multiplier M): partial filter p sums the output
+        rows [p*rows/P, (p+1)*rows/P) (a split that depends on the problem
+        only)."""
+        N, D, H, W, CI = x.shape
+        _, OD, OH, OW, C = dy.shape
         P = parts.shape[0]
         rows = N * OD * OH
         a, b = _interior(W, pw, KW, rw, sw, OW)
         if a >= b:
             a = b = 0
-        xf = x.reshape(N * D * H * W * C)
+        xf = x.reshape(N * D * H * W * CI)
         dyf = dy.reshape(N * OD * OH * OW * C)
         for p in prange(P):
             part = parts[p]
@@ -398,22 +404,22 @@ def _build(KH, KW, NT, M):
                 ih0 = oh * sh - ph
                 k0, k1 = _taps_inside(ih0, rh, KH, H)
                 if a < b:
-                    s0 = ((n * H + ih0) * W + a * sw - pw) * C
+                    s0 = ((n * H + ih0) * W + a * sw - pw) * CI
                     g0 = (job * OW + a) * C
                     if ALL == KH and k0 == 0 and k1 == KH:
-                        _dots(pf, 0, xf, s0, sw * C, W * rh * C, rw * C, dyf, g0, C, b - a,
-                              ALL, KW)
+                        _dots(pf, 0, xf, s0, sw * CI, W * rh * CI, rw * CI, dyf, g0, C, b - a,
+                              ALL, KW, M)
                     else:
                         for r in range(k0, k1):
-                            _dots(pf, r * KW * C, xf, s0 + r * W * rh * C, sw * C, 0, rw * C,
-                                  dyf, g0, C, b - a, 1, KW)
+                            _dots(pf, r * KW * C, xf, s0 + r * W * rh * CI, sw * CI, 0, rw * CI,
+                                  dyf, g0, C, b - a, 1, KW, M)
                 for i in range(a + OW - b):
                     ow = _side(i, a, b)
                     iw0 = ow * sw - pw
                     j0, j1 = _taps_inside(iw0, rw, KW, W)
                     _dots_pixel(pf, (k0 * KW + j0) * C, KW * C, xf,
-                                ((n * H + ih0 + k0 * rh) * W + iw0 + j0 * rw) * C, W * rh * C,
-                                rw * C, dyf, (job * OW + ow) * C, C, k1 - k0, j1 - j0)
+                                ((n * H + ih0 + k0 * rh) * W + iw0 + j0 * rw) * CI, W * rh * CI,
+                                rw * CI, dyf, (job * OW + ow) * C, C, k1 - k0, j1 - j0, M)
 
     return forward, backprop_input, backprop_input_strided, backprop_filter
 
@@ -423,8 +429,9 @@ class LaneKernels:
     1), ``backprop_input_strided`` (dilation 1) and ``backprop_filter``; with
     ``stream``, the first three writing their results with non-temporal stores
     (every result vector must be aligned to its size: the driver's
-    ``_streams``); with ``multiplier`` M above 1, ``forward`` reads a depth
-    multiplier M's input (the others serve multiplier 1 only)."""
+    ``_streams``); with ``multiplier`` M above 1, ``forward`` and
+    ``backprop_filter`` read a depth multiplier M's input (the input gradients
+    serve multiplier 1 only)."""
 
     def __init__(self, KH, KW, stream=False, multiplier=1):
         (self.forward, self.backprop_input, self.backprop_input_strided,

@@ -645,15 +645,16 @@ def _taps_window(width):
 
 def _dots_rows(width):
     def dots_rows(typingctx, acc, a0, astep, x, s0, sstep, rowstep, colstep, g, g0, gstep, n,
-                  groups, rows, kw):
-        ROWS, KW = _taps(rows), _taps(kw)
-        if ROWS is None or KW is None:
+                  groups, rows, kw, repeat):
+        ROWS, KW, REP = _taps(rows), _taps(kw), _taps(repeat)
+        if ROWS is None or KW is None or REP not in _REPEATS:
             return None
         sig = types.void(acc, a0, astep, x, s0, sstep, rowstep, colstep, g, g0, gstep, n,
-                         groups, rows, kw)
+                         groups, rows, kw, repeat)
 
         def codegen(context, builder, signature, args):
-            (_, a0v, astepv, _, s0v, sstepv, rowv, colv, _, g0v, gstepv, nv, gv, _, _) = args
+            (_, a0v, astepv, _, s0v, sstepv, rowv, colv, _, g0v, gstepv, nv, gv, _, _,
+             _) = args
             v = _Lanes(context, builder, signature, args, width)
             ity = s0v.type
             fma = v.fma()
@@ -674,10 +675,12 @@ def _dots_rows(width):
                     def tap(p, j):
                         if mode is None:
                             return v.value(3, builder.add(rb, builder.add(
-                                builder.mul(const(p), sstepv), builder.mul(const(j), colv))))
+                                builder.mul(const(p), sstepv), builder.mul(const(j), colv))),
+                                REP)
                         c = mode * p + j
                         if c not in cols:
-                            cols[c] = v.value(3, builder.add(rb, builder.mul(const(c), colv)))
+                            cols[c] = v.value(3, builder.add(rb, builder.mul(const(c), colv)),
+                                              REP)
                         return cols[c]
                     for p in range(count):
                         for j in range(KW):
@@ -692,7 +695,7 @@ def _dots_rows(width):
                 goff = builder.mul(gi, const(width))
                 aoffs = [builder.add(builder.add(a0v, goff), builder.mul(const(t), astepv))
                          for t in range(ROWS * KW)]
-                xg = builder.add(s0v, goff)
+                xg = builder.add(s0v, builder.mul(gi, const(width // REP)))
                 gg = builder.add(g0v, goff)
                 sums = [v.load(0, a) for a in aoffs]
 
@@ -730,12 +733,15 @@ def _dots_rows(width):
 
 def _dots_window(width):
     def dots_window(typingctx, acc, a0, arow, astep, x, s0, rowstep, colstep, g, g0, rows, cols,
-                    groups):
+                    groups, repeat):
+        REP = _taps(repeat)
+        if REP not in _REPEATS:
+            return None
         sig = types.void(acc, a0, arow, astep, x, s0, rowstep, colstep, g, g0, rows, cols,
-                         groups)
+                         groups, repeat)
 
         def codegen(context, builder, signature, args):
-            _, a0v, arowv, astepv, _, s0v, rowv, colv, _, g0v, rowsv, colsv, gv = args
+            _, a0v, arowv, astepv, _, s0v, rowv, colv, _, g0v, rowsv, colsv, gv, _ = args
             v = _Lanes(context, builder, signature, args, width)
             ity = s0v.type
             fma = v.fma()
@@ -754,8 +760,8 @@ def _dots_window(width):
                                                       builder.mul(j, astepv)))
                     for o, d in zip(offs, dys):
                         at = builder.add(ao, o)
-                        v.store(builder.call(fma, [v.value(4, builder.add(xo, o)), d,
-                                                   v.load(0, at)]), 0, at)
+                        xv = v.value(4, builder.add(xo, builder.sdiv(o, const(REP))), REP)
+                        v.store(builder.call(fma, [xv, d, v.load(0, at)]), 0, at)
                     return []
 
                 v.loop(rowsv, [], lambda r, _: v.loop(colsv, [], lambda j, c: tap(r, j, c)))
@@ -778,8 +784,8 @@ def _dots_window(width):
 CHANNEL_ARGS = {
     "taps_rows": (_taps_rows, (1, 4, 9), 14, (4, 18)),
     "taps_window": (_taps_window, (1, 3, 7), 12, None),
-    "dots_rows": (_dots_rows, (1, 4, 9), 12, None),
-    "dots_window": (_dots_window, (1, 5, 9), 12, None),
+    "dots_rows": (_dots_rows, (1, 4, 9), 12, (4, 15)),
+    "dots_window": (_dots_window, (1, 5, 9), 12, (5, 13)),
 }
 
 taps_rows = _by_channels(*CHANNEL_ARGS["taps_rows"], """For each pixel k < n and channel c < channels (a multiple of 8; as vectors):
@@ -829,10 +835,12 @@ dots_rows = _by_channels(*CHANNEL_ARGS["dots_rows"], """For each channel c < cha
     vector loaded once for all taps and, where the pixel step is the column step,
     each input vector once for all the taps of a block of ``BLOCK`` pixels that
     read it. Fused multiply-adds in pixel order per tap and lane. 16-bit operands
-    may be bit patterns (:func:`.halves.value`).""")
+    may be bit patterns (:func:`.halves.value`). ``repeat``: as in
+    :func:`taps_rows`, for x.""")
 
 dots_window = _by_channels(*CHANNEL_ARGS["dots_window"], """For each channel c < channels (a multiple of 8; as vectors), row r < rows and
     column j < cols: ``acc[a0 + c + r*arow + j*astep] +=``
     ``x[s0 + c + r*rowstep + j*colstep] * g[g0 + c]``: one output-gradient pixel
     whose window the map's edges cut, into the filter gradient's sums (fused,
-    four channel groups side by side).""")
+    four channel groups side by side); ``repeat``: as in :func:`taps_rows`, for
+    x.""")
