@@ -466,9 +466,8 @@ def _multiplier_forward_route(plan):
     (ms): 56x56x144 M=2 3.4 / 1.16, M=4 11.5 / 2.44 (the repeated input alone
     cost 5.9 ms, 4 of them its fresh pages); 19x19x728 M=2 2.1 / 0.71, M=4 6.8 /
     1.79."""
-    single = _single_plan(plan)
-    if (plan.multiplier not in simd.REPEATS or not _lanes_fit(single)
-            or plan.strides[1:] != (1, 1)):
+    single = _repeats_in_registers(plan)
+    if single is None:
         return None
     k = plan.kernel
     stream = None
@@ -504,21 +503,14 @@ def _filter_gradient_route(plan):
                               (chunks, kh, kw, c), (chunks, 1, kh, kw, c, 1)), params)
     ks = kernels.for_plan(plan)
     fsize = plan.kernel[0] * plan.kernel[1] * plan.kernel[2] * plan.channels * plan.multiplier
-    if plan.channels_last:
-        kern = ks.backprop_filter_cl
-        rows = plan.batch * plan.out_sizes[0] * plan.out_sizes[1]
-        chunks = kernels.partial_chunks(rows, fsize)
-        if _lanes_filter_gradient(plan):
-            kern = lanes.kernels(plan.kernel[1], plan.kernel[2]).backprop_filter
-            # each partial filter sums at least _PARTIAL_WORK times its own size of
-            # products per tap: zeroing and summing more partials than that cost
-            # more than it spread (7x7x960 N=8: 64 partials 0.21 ms, 5 0.14 ms)
-            work = rows * plan.out_sizes[2] * plan.channels
-            chunks = max(1, min(chunks, work // (_PARTIAL_WORK * max(1, fsize))))
+    if not plan.channels_last:
+        kern, chunks = ks.backprop_filter_cf, kernels.partial_chunks(plan.batch, fsize)
+    elif _lanes_filter_gradient(plan):
+        kern = lanes.kernels(plan.kernel[1], plan.kernel[2]).backprop_filter
+        chunks = _lane_partials(plan, plan.channels)
     else:
-        kern = ks.backprop_filter_cf
-        rows = plan.batch
-        chunks = kernels.partial_chunks(rows, fsize)
+        rows = plan.batch * plan.out_sizes[0] * plan.out_sizes[1]
+        kern, chunks = ks.backprop_filter_cl, kernels.partial_chunks(rows, fsize)
     parts = (chunks,) + plan.filter_shape5
     return _Launch(kern, (plan.input_shape5, plan.output_shape5, parts, parts), _params(plan),
                    raw16=_reads_bits(plan))
@@ -531,16 +523,10 @@ def _multiplier_filter_route(plan):
     multiplier-1 lanes split them. 2 threads, N=8, 3x3, repeated in memory / in
     registers (ms): 56x56x144 M=2 5.1 / 1.18, M=4 13.3 / 4.2; 19x19x728 M=2 1.47 /
     0.76, M=4 6.3 / 1.41."""
-    single = _single_plan(plan)
-    if (plan.multiplier not in simd.REPEATS or not _lanes_fit(single)
-            or plan.strides[1:] != (1, 1)):
+    single = _repeats_in_registers(plan)
+    if single is None:
         return None
-    rows = plan.batch * plan.out_sizes[0] * plan.out_sizes[1]
-    fsize = plan.kernel[1] * plan.kernel[2] * single.channels
-    work = rows * plan.out_sizes[2] * single.channels
-    chunks = max(1, min(kernels.partial_chunks(rows, fsize),
-                        work // (_PARTIAL_WORK * max(1, fsize))))
-    parts = (chunks,) + plan.filter_shape5
+    parts = (_lane_partials(plan, single.channels),) + plan.filter_shape5
     kern = lanes.kernels(plan.kernel[1], plan.kernel[2], multiplier=plan.multiplier)
     return _Launch(kern.backprop_filter, (plan.input_shape5, plan.output_shape5, parts, parts),
                    _params(plan), raw16=_reads_bits(plan))
@@ -821,22 +807,19 @@ class CPUBackend(base.Backend):
     def depthwise_backprop_filter(self, plan, x, dy, out=None, wide=False):
         if plan.multiplier > 1:
             launch = _route(plan, "filter_gradient", _multiplier_filter_route)
-            if launch is not None:
-                buf, final = _result(plan, plan.filter_shape, out, wide)
-                if not _nothing_to_do(buf, x, dy):
-                    _run_filter_gradient(launch, plan, x, dy, buf)
-                return _finish(plan, buf, final)
-            p1 = _single_plan(plan)
-            res = self.depthwise_backprop_filter(p1, _repeated(plan, x), dy, None, wide)
-            res = res.reshape(plan.filter_shape)
-            if out is None:
-                return res
-            out[...] = res
-            return out
-        launch = _route(plan, "filter_gradient", _filter_gradient_route)
-        if launch is None:
-            return self.depthwise_backprop_filter(_channels_last_plan(plan), _to_last(x),
-                                                  _to_last(dy), out, wide)
+            if launch is None:
+                p1 = _single_plan(plan)
+                res = self.depthwise_backprop_filter(p1, _repeated(plan, x), dy, None, wide)
+                res = res.reshape(plan.filter_shape)
+                if out is None:
+                    return res
+                out[...] = res
+                return out
+        else:
+            launch = _route(plan, "filter_gradient", _filter_gradient_route)
+            if launch is None:
+                return self.depthwise_backprop_filter(_channels_last_plan(plan), _to_last(x),
+                                                      _to_last(dy), out, wide)
         buf, final = _result(plan, plan.filter_shape, out, wide)
         if not _nothing_to_do(buf, x, dy):
             _run_filter_gradient(launch, plan, x, dy, buf)
