@@ -136,6 +136,36 @@ def test_long_strided_input_gradient_rows_in_chunks(route, k, strides, width, pa
     np.testing.assert_array_equal(got[True], got[False])
 
 
+@pytest.mark.parametrize("k, width, dilations, padding", [
+    ((3, 3), 150, (1, 1), "SAME"), ((3, 3), 150, (1, 1), "VALID"),
+    ((5, 5), 141, (2, 2), "SAME"), ((1, 5), 300, (1, 1), "SAME")])
+def test_long_rows_in_chunks(route, k, width, dilations, padding):
+    """Stride-1 rows longer than ``lanes._LONG_ROW`` elements: in chunks of pixels,
+    the last one overlapping the one before, the sides' pixels where they fall;
+    the reference's values and the row kernels' bits."""
+    channels = 120
+    assert width * channels > lanes._LONG_ROW
+    assert width % (lanes._LONG_ROW_CHUNK // channels) != 0     # an overlapping last chunk
+    xs, fs = (1, 4, width, channels), k + (channels, 1)
+    attrs = dict(strides=[1, 1, 1, 1], padding=padding, dilations=[1, *dilations, 1])
+    seen = route(True)
+    seen.clear()
+    support.assert_three_ops_match_the_reference(xs, fs, attrs, np.float32)
+    assert all(seen)
+    _assert_lanes_give_row_bits(route, xs, fs, attrs, seed=width)
+
+
+def test_long_rows_in_chunks_with_a_depth_multiplier(monkeypatch):
+    """A depth multiplier's long rows: every chunk's blocks masked where the map's
+    sides cut them (the multiplier forward computes side pixels in blocks)."""
+    xs, fs = (1, 3, 150, 64), (3, 3, 64, 2)
+    assert 150 * 128 > lanes._LONG_ROW
+    for padding in ("SAME", "VALID"):
+        _assert_multiplier_in_registers(monkeypatch, xs, fs,
+                                        dict(strides=[1, 1, 1, 1], padding=padding),
+                                        np.float32)
+
+
 @pytest.mark.parametrize("size, k, channels, masked", [
     (7, 5, 72, True), (12, 7, 24, True), (6, 3, 64, False), (14, 3, 64, False)])
 def test_edge_pixels_in_masked_blocks_or_one_at_a_time(route, size, k, channels, masked):
@@ -337,7 +367,9 @@ def test_which_problems_the_lane_kernels_take(monkeypatch):
     assert taken((1, 19, 19, 728)) == {False: True, True: True}
     assert taken((1, 56, 56, 144)) == {False: True, True: True}
     assert taken((1, 14, 14, 384), k=7) == {False: True, True: True}
-    assert taken((1, 147, 147, 128)) == {False: False, True: False}  # rows of 18816: too long
+    # rows of 18816 elements, in chunks: when the operands fit the caches
+    assert taken((1, 147, 147, 128)) == {False: True, True: True}
+    assert taken((4, 147, 147, 128)) == {False: False, True: False}
     assert taken((1, 19, 19, 1456)) == {False: True, True: True}     # ... but only 19 pixels
     assert taken((1, 7, 7, 12)) == {False: False, True: False}       # not whole 8s
     assert taken((1, 7, 7, 16), k=2) == {False: False, True: False}  # no 2x2 lanes

@@ -286,8 +286,9 @@ def _by_lanes(plan, adjoint):
     ``adjoint``) runs on the lane kernels (:mod:`.lanes`): 1-D and 2-D, depth
     multiplier 1, the windows of ``lanes.WINDOWS``, a multiple of 8 channels,
     float32 sums; at stride 1, and for strided input gradients with dilation 1,
-    rows of at most ``_LANE_ROW`` pixels or ``_LANE_RUN_ELEMS`` elements;
-    strided forwards rows of at most ``_LANE_ROW`` pixels and ``_LANE_ROW_ELEMS``
+    rows of at most ``_LANE_ROW`` pixels or ``_LANE_RUN_ELEMS`` elements (at
+    stride 1 also longer rows, when the operands fit :func:`_cached`); strided
+    forwards rows of at most ``_LANE_ROW`` pixels and ``_LANE_ROW_ELEMS``
     elements.
 
     2 threads, N=8, float32 NHWC, lanes / row kernels, min of 3 interleaved
@@ -297,10 +298,16 @@ def _by_lanes(plan, adjoint):
     14x14x384 7x7 0.55-0.62 / 1.0; 56x56x72 5x5 stride 2 0.33-0.38 / 0.47-0.51.
     Filter gradient: 56x56x144 0.74 / 1.80; 28x28x240 5x5 0.77 / 1.72;
     19x19x728 0.58 / 0.98; 56x56x96 7x7 1.85 / 5.87; 112x112x32 0.75 / 2.18.
-    Rows stay on the row kernels where the lanes measured even or slower: the
-    1-D 1024x512 5-tap rows (0.80-0.94 / 0.68-0.84), 147x147x128 (7.8-9.0 /
-    7.4-8.1: rows of 18816 elements, read from L3 in the lanes' channel-group
-    order) and the strided 112x112x96 (1.10-1.19 / 0.88-0.90). float64 stays
+    Long stride-1 rows (in chunks of pixels), lanes / row kernels, forward /
+    input gradient / filter gradient: N=1 147x147x128 (rows of 18816 elements)
+    0.75-0.77 / 0.75-0.81, 0.61-0.71 / 0.74-0.75, 0.72-0.73 / 1.32; 56x56x576
+    0.48 / 0.52-0.55, 0.46-0.48 / 0.49-0.55, 0.48-0.49 / 0.90-0.95; 1-D 1024x512
+    5-tap 0.24-0.25 / 0.28-0.29, 0.24-0.25 / 0.26-0.27, 0.20-0.23 / 0.32-0.33,
+    and N=8 (32 MB) 0.80-0.85 / 0.94-1.02, 0.80-0.96 / 0.86-0.87, 0.70-0.73 /
+    1.09. From memory the row kernels keep them: N=8 147x147x128 (177 MB) 10.4-11.6
+    / 8.0-8.4, 10.8-10.9 / 8.2-8.8, 12.2-12.7 / 11.4-11.5; 56x56x576 (57 MB)
+    7.6 / 5.5-5.8. The strided 112x112x96 forward stays too (1.10-1.19 /
+    0.88-0.90). float64 stays
     there too, which spares CI the compilations. Short rows of many channels
     (the depth multipliers' repeated inputs), forward / input gradient, lanes /
     row kernels: 19x19x1456 0.82 / 1.40, 0.86 / 1.40; 19x19x2912 1.85 / 3.25,
@@ -312,13 +319,28 @@ def _by_lanes(plan, adjoint):
     if not _lanes_fit(plan):
         return False
     row = plan.in_sizes[2] if adjoint else plan.out_sizes[2]
-    if plan.strides[1:] == (1, 1) or adjoint:
+    if plan.strides[1:] == (1, 1):
+        return (row <= _LANE_ROW or row * plan.channels <= _LANE_RUN_ELEMS
+                or _cached(plan))
+    if adjoint:
         return ((row <= _LANE_ROW or row * plan.channels <= _LANE_RUN_ELEMS)
-                and (plan.strides[1:] == (1, 1) or plan.dilations[1:] == (1, 1)))
+                and plan.dilations[1:] == (1, 1))
     return row <= _LANE_ROW and row * plan.channels <= _LANE_ROW_ELEMS
 
 
 _PARTIAL_WORK = 8
+
+# Stride-1 rows longer than _LANE_RUN_ELEMS elements run on the lane kernels (in
+# chunks of pixels, lanes._LONG_ROW) when the input and output together take at
+# most this many bytes: from the caches, the lanes are faster, from memory, the
+# row kernels, which read each row in one pass.
+_LANE_CACHED_BYTES = 32 << 20
+
+
+def _cached(plan):
+    """Whether ``plan``'s input and output take at most ``_LANE_CACHED_BYTES``."""
+    elems = math.prod(plan.input_shape) + math.prod(plan.output_shape)
+    return elems * plan.dtype.itemsize <= _LANE_CACHED_BYTES
 
 
 def _tile_params(plan):
@@ -453,6 +475,30 @@ def _reads_bits(plan):
 
 def _forward_route(plan):
     return _correlation(plan, False)
+
+
+def _repeats_in_registers(plan):
+    """The multiplier-1 plan of ``plan``'s repeated input when the lane kernels
+    repeat its channels in registers instead (stride 1, a multiplier of
+    ``simd.REPEATS``, and what the lanes take at multiplier 1), else None."""
+    single = _single_plan(plan)
+    if (plan.multiplier not in simd.REPEATS or not _lanes_fit(single)
+            or plan.strides[1:] != (1, 1)):
+        return None
+    return single
+
+
+def _lane_partials(plan, channels):
+    """How many partial filters a lane filter gradient sums into, over ``channels``
+    output channels: as :func:`kernels.partial_chunks` splits the output rows,
+    but each partial sums at least ``_PARTIAL_WORK`` times its own size of
+    products per tap: zeroing and summing more partials than that cost more than
+    it spread (7x7x960 N=8: 64 partials 0.21 ms, 5 0.14 ms)."""
+    rows = plan.batch * plan.out_sizes[0] * plan.out_sizes[1]
+    fsize = plan.kernel[0] * plan.kernel[1] * plan.kernel[2] * channels
+    work = rows * plan.out_sizes[2] * channels
+    return max(1, min(kernels.partial_chunks(rows, fsize),
+                      work // (_PARTIAL_WORK * max(1, fsize))))
 
 
 def _multiplier_forward_route(plan):
