@@ -39,7 +39,7 @@ says they are faster for.
 
 from numba import literally, njit, prange
 
-from .kernels import _interior, _split
+from .kernels import _split
 from .simd import BLOCK as _BLOCK
 from .simd import WIDE as _WIDE
 from .simd import dots_rows as _dots_rows
@@ -428,7 +428,7 @@ def _build(KH, KW, NT, M):
         _, OD, OH, OW, C = dy.shape
         P = parts.shape[0]
         rows = N * OD * OH
-        a, b = _interior(W, pw, KW, rw, sw, OW)
+        a, b = _span(OW, -pw, sw, rw, KW, W, KW)
         if a >= b:
             a = b = 0
         xf = x.reshape(N * D * H * W * CI)
