@@ -17,6 +17,8 @@ next to the padding, and which problems they take. Routing is forced both ways,
 so that the row kernels keep their coverage of the same problems.
 """
 
+import math
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -235,7 +237,37 @@ def test_large_results_written_with_streaming_stores(route, monkeypatch, k, stri
     assert all(seen)
 
 
+@pytest.mark.skipif(not numbasep.backends.cpu.simd.STREAMS, reason="x86 only")
+def test_multiplier_input_gradients_stream_large_results(monkeypatch):
+    """A depth multiplier's input gradient above ``driver._STREAM_BYTES`` (lowered
+    to 0) is summed into the result with non-temporal stores when its array is
+    64-byte aligned, with plain ones when not: the same bits either way."""
+    monkeypatch.setattr(driver, "_STREAM_BYTES", 0)
+    support.route_afresh(monkeypatch)
+    ran = []
+    real = driver._launch
+    monkeypatch.setattr(driver, "_launch", lambda kern, *a: (ran.append(kern), real(kern, *a)))
+    rng = np.random.default_rng(4)
+    xs = (2, 7, 9, 2 * numbasep.backends.cpu.simd.WIDE)
+    w = rng.standard_normal((3, 3, xs[-1], 2)).astype(np.float32)
+    dy = rng.standard_normal(xs[:3] + (xs[-1] * 2,)).astype(np.float32)
+    attrs = dict(strides=[1, 1, 1, 1], padding="SAME")
+    want = R.raw_backprop_input(list(xs), w.astype(np.float64), dy.astype(np.float64), **attrs)
+    got = {}
+    for aligned in (True, False):
+        ran.clear()
+        dx = numbasep.empty_aligned(xs) if aligned else \
+            numbasep.empty_aligned(math.prod(xs) + 4)[4:].reshape(xs)
+        BI(list(xs), w, dy, **attrs, out=dx)
+        kernels = lanes.kernels(3, 3, stream=aligned, multiplier=2)
+        assert ran == [kernels.backprop_input]
+        got[aligned] = dx
+    np.testing.assert_array_equal(got[True], got[False])
+    np.testing.assert_allclose(got[True], want, rtol=1e-5, atol=1e-5 * (1 + np.abs(want).max()))
+
+
 _MULTIPLIER_ROUTES = {"_multiplier_forward_route": driver._multiplier_forward_route,
+                      "_multiplier_input_route": driver._multiplier_input_route,
                       "_multiplier_filter_route": driver._multiplier_filter_route}
 
 
@@ -243,7 +275,7 @@ _MULTIPLIER_ROUTES = {"_multiplier_forward_route": driver._multiplier_forward_ro
 def multiplier_problems(draw):
     n = draw(st.integers(1, 2))
     m = draw(st.sampled_from([2, 4, 8, 3]))
-    c = draw(st.sampled_from([1, 2, 4, 6, 8]))
+    c = draw(st.sampled_from([1, 2, 4, 6, 8, 16]))
     # two windows: each (window, multiplier) is a kernel to compile
     kh, kw = draw(st.sampled_from([(3, 3), (1, 3)]))
     h, w = draw(st.integers(1, 11)), draw(st.integers(1, 11))
@@ -256,10 +288,12 @@ def multiplier_problems(draw):
 
 
 def _assert_multiplier_in_registers(monkeypatch, xs, fs, attrs, dtype):
-    """The forward and filter gradient of a depth-multiplier problem: the
-    reference's values, and for the forward the bits of the multiplier-1 kernels
-    on the input repeated in memory; both run on the lanes with the channels
-    repeated in registers exactly when they take it."""
+    """The forward, input gradient and filter gradient of a depth-multiplier
+    problem: the reference's values, and for the forward and the input gradient
+    the bits of the multiplier-1 kernels on the input repeated in memory (and
+    its gradient summed afterwards); each runs on the lanes without the
+    repeated input in memory exactly when they take it (the input gradient: a
+    multiple of 8 input channels)."""
     taken = {name: [] for name in _MULTIPLIER_ROUTES}
 
     def spy(name):
@@ -280,23 +314,31 @@ def _assert_multiplier_in_registers(monkeypatch, xs, fs, attrs, dtype):
             support.assert_three_ops_match_the_reference(xs, fs, attrs, dtype)
         got = F(x, w, **attrs)
         dy = rng.standard_normal(got.shape).astype(dtype)
+        dx = BI(list(xs), w, dy, **attrs)
         dw = BF(x, list(fs), dy, **attrs)
     c, m = fs[2], fs[3]
     for name in _MULTIPLIER_ROUTES:
-        assert any(taken[name]) == (m in (2, 4, 8) and c * m % 8 == 0)
+        takes = m in (2, 4, 8) and c * m % 8 == 0
+        if name == "_multiplier_input_route":
+            takes = takes and c % 8 == 0
+        assert any(taken[name]) == takes, name
     x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
     # float32 sums of 16-bit products, rounded once to 16 bits
     tol = 1e-5 if dtype == np.float32 else 2.0 ** -7
     for g, want in ((got, R.raw_forward(x64, w64, **attrs)),
+                    (dx, R.raw_backprop_input(list(xs), w64, dy64, **attrs)),
                     (dw, R.raw_backprop_filter(x64, list(fs), dy64, **attrs))):
         scale = 1.0 + np.abs(want).max(initial=0.0)
         np.testing.assert_allclose(g.astype(np.float64), want, rtol=tol,
-                                   atol=tol * scale * fs[0] * fs[1])
+                                   atol=tol * scale * fs[0] * fs[1] * m)
     with monkeypatch.context() as patch:
         patch.setattr(driver, "_multiplier_forward_route", lambda plan: None)
+        patch.setattr(driver, "_multiplier_input_route", lambda plan: None)
         support.route_afresh(patch)
         want = F(x, w, **attrs)
+        want_dx = BI(list(xs), w, dy, **attrs)
     np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+    np.testing.assert_array_equal(dx.view(np.uint8), want_dx.view(np.uint8))
 
 
 @settings(max_examples=40, deadline=None,
@@ -305,18 +347,20 @@ def _assert_multiplier_in_registers(monkeypatch, xs, fs, attrs, dtype):
 def test_depth_multipliers_repeat_the_input_in_registers(monkeypatch, problem):
     """Forwards and filter gradients with depth multipliers 2, 4 and 8 read each
     input vector once and repeat its channels in registers for their output
-    channels (multiplier 3, and output channels not a multiple of 8, repeat the
-    input in memory)."""
+    channels; input gradients (a multiple of 8 input channels) sum each row's
+    gradient of the repeated input from a scratch row (multiplier 3, and output
+    channels not a multiple of 8, repeat the input in memory)."""
     _assert_multiplier_in_registers(monkeypatch, *problem, np.float32)
 
 
-@pytest.mark.parametrize("dtype, m", [(np.float16, 2), (ml_dtypes.bfloat16, 8)],
-                         ids=["float16", "bfloat16"])
-def test_depth_multipliers_in_registers_read_16_bit_patterns(monkeypatch, dtype, m):
+@pytest.mark.parametrize("dtype, c, m", [(np.float16, 24, 2), (ml_dtypes.bfloat16, 8, 8),
+                                         (ml_dtypes.bfloat16, 6, 8)],
+                         ids=["float16", "bfloat16", "bfloat16-6-channels"])
+def test_depth_multipliers_in_registers_read_16_bit_patterns(monkeypatch, dtype, c, m):
     """16-bit inputs read as bit patterns, widened, then repeated in registers (and
-    forward results rounded as stored)."""
+    forward results and input gradients rounded as stored)."""
     attrs = dict(strides=[1, 1, 1, 1], padding="SAME")
-    _assert_multiplier_in_registers(monkeypatch, (2, 6, 9, 16 // m * 3), (3, 3, 16 // m * 3, m),
+    _assert_multiplier_in_registers(monkeypatch, (2, 6, 9, c), (3, 3, c, m),
                                     attrs, np.dtype(dtype))
 
 

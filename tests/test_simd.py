@@ -1,5 +1,6 @@
 """The register intrinsics of numbasep/backends/cpu/simd.py, element by element."""
 
+import ml_dtypes
 import numba
 import numpy as np
 import pytest
@@ -239,6 +240,61 @@ def test_streaming_stores_write_the_same_sums(lanes, n):
             want[C + k * C + lane] = _window_sum(x, 2 * C + k * C, 50 * C, C, wt, 0, 3 * C, C,
                                                  2, 3 if k < n else 2, lane)
     np.testing.assert_array_equal(dst, want)
+
+
+@pytest.mark.parametrize("repeat", [1, 2, 4, 8])
+def test_sum_groups_adds_each_channels_group_in_order(lanes, repeat):
+    """Each result channel the sum of its ``repeat`` adjacent source elements,
+    added in order (float32, as the scalar loop adds them), for channel counts
+    of one and several vector groups and a last group of 8; nothing else
+    written."""
+    sum_groups = lanes("sum_groups")
+
+    @numba.njit
+    def run(dst, d0, dstep, src, s0, sstep, n, channels):
+        sum_groups(dst, d0, dstep, src, s0, sstep, n, channels, repeat, 0)
+
+    rng = np.random.default_rng(repeat)
+    for channels in (8, 24, 40):
+        for n in (1, 3):
+            dstep, sstep = channels + 8, channels * repeat + 16
+            src = rng.standard_normal(n * sstep + 40).astype(np.float32)
+            dst = np.full(n * dstep + 20, np.float32(-7))
+            run(dst, 5, dstep, src, 3, sstep, n, channels)
+            want = np.full_like(dst, np.float32(-7))
+            for k in range(n):
+                for c in range(channels):
+                    at = 3 + k * sstep + c * repeat
+                    total = src[at]
+                    for m in range(1, repeat):
+                        total = np.float32(total + src[at + m])
+                    want[5 + k * dstep + c] = total
+            np.testing.assert_array_equal(dst, want)
+
+
+def test_sum_groups_rounds_16_bit_results_and_streams(lanes):
+    """16-bit results (bit patterns) rounded as :func:`.halves.narrow_into` rounds
+    the float32 sums; non-temporal stores write the same sums as plain ones."""
+    sum_groups = lanes("sum_groups")
+
+    @numba.njit
+    def run(dst, src, n, channels, bits):
+        sum_groups(bits, 0, channels, src, 0, 4 * channels, n, channels, 4, 0)
+        sum_groups(dst, 0, channels, src, 0, 4 * channels, n, channels, 4, 1)
+
+    rng = np.random.default_rng(0)
+    n, channels = 3, 48
+    src = rng.standard_normal(n * channels * 4).astype(np.float32) * 100
+    dst = numbasep.empty_aligned(n * channels, np.float32)
+    bits = np.zeros(n * channels, np.uint16)
+    run(dst, src, n, channels, bits)
+    parts = src.reshape(-1, 4)
+    want = parts[:, 0].copy()
+    for m in range(1, 4):
+        want = want + parts[:, m]
+    np.testing.assert_array_equal(dst, want)
+    np.testing.assert_array_equal(bits.view(ml_dtypes.bfloat16),
+                                  want.astype(ml_dtypes.bfloat16))
 
 
 def _dots_want(acc, x, g, a0, arow, astep, s0, sstep, rowstep, colstep, g0, gstep, n, rows,

@@ -515,18 +515,43 @@ def _multiplier_forward_route(plan):
     single = _repeats_in_registers(plan)
     if single is None:
         return None
+    return _multiplier_launch(plan, "forward", plan.input_shape5, plan.output_shape5, single)
+
+
+def _multiplier_launch(plan, name, data, result, result_plan):
+    """A :class:`_Launch` of the lane kernel ``name`` for ``plan``'s depth
+    multiplier, taking (data, filter, result) of shapes ``data``,
+    ``plan.filter_shape5`` and ``result``; ``result_plan``: a plan whose
+    channels are the result's (which decide on streaming stores)."""
     k = plan.kernel
     stream = None
-    if _streams(single, plan.output_shape5):
-        stream = lanes.kernels(k[1], k[2], stream=True, multiplier=plan.multiplier).forward
+    if _streams(result_plan, result):
+        stream = getattr(lanes.kernels(k[1], k[2], stream=True, multiplier=plan.multiplier),
+                         name)
     raw16 = _reads_bits(plan)
-    return _Launch(lanes.kernels(k[1], k[2], multiplier=plan.multiplier).forward,
-                   (plan.input_shape5, plan.filter_shape5, plan.output_shape5), _params(plan),
-                   raw16=raw16, writes16=raw16, stream=stream)
+    return _Launch(getattr(lanes.kernels(k[1], k[2], multiplier=plan.multiplier), name),
+                   (data, plan.filter_shape5, result), _params(plan), raw16=raw16,
+                   writes16=raw16, stream=stream)
 
 
 def _input_gradient_route(plan):
     return _correlation(plan, True)
+
+
+def _multiplier_input_route(plan):
+    """How an input gradient with a depth multiplier above 1 runs on the lane
+    kernels, each row's gradient of the repeated input summed into the result
+    from a scratch row (a :class:`_Launch` on the operands as they are), or
+    None: then the gradient of the input repeated, M times the input in memory,
+    summed afterwards. Stride 1, as :func:`_multiplier_forward_route`, and a
+    multiple of 8 input channels (the sums are stored 8 or 16 at a time). 2
+    threads, N=8, 3x3, repeated in memory / scratch rows (ms): 56x56x144 M=2
+    9.9-10.9 / 2.8-4.4, M=4 22.5-24.0 / 10.4-10.8; 19x19x728 M=2 3.7-4.9 /
+    1.39-1.47, M=4 10.2-10.5 / 2.89-2.97."""
+    if plan.channels % 8 or _repeats_in_registers(plan) is None:
+        return None
+    return _multiplier_launch(plan, "backprop_input", plan.output_shape5, plan.input_shape5,
+                              plan)
 
 
 def _filter_gradient_route(plan):
@@ -770,10 +795,11 @@ class CPUBackend(base.Backend):
             return np.may_share_memory(a, b)
 
     def workspace_bytes(self, plan):
-        """Depth multipliers above 1 are computed on the input with its channels
-        repeated (and the input gradient summed from a repeated one): M times the
-        input, in the accumulation dtype, and as much again for channels-first
-        problems computed channels-last."""
+        """Depth multipliers above 1 may be computed on the input with its channels
+        repeated (and the input gradient summed from a repeated one): at most M
+        times the input, in the accumulation dtype, and as much again for
+        channels-first problems computed channels-last (an upper bound: the lane
+        kernels repeat channels in registers instead)."""
         if plan.multiplier == 1:
             return 0
         n = plan.batch * plan.in_sizes[0] * plan.in_sizes[1] * plan.in_sizes[2]
@@ -800,11 +826,12 @@ class CPUBackend(base.Backend):
         return direct if direct is not None else super().bind(method, plan, arrays, out)
 
     # -- depthwise ------------------------------------------------------------------
-    # Depth multipliers above 1: the forward and the filter gradient on the lane
-    # kernels reading the input as it is where they take it
-    # (:func:`_multiplier_forward_route`, :func:`_multiplier_filter_route`);
-    # otherwise, and for the input gradient, the multiplier-1 kernels on the
-    # input with each channel repeated M times (1 thread, N=8, NHWC, M=2:
+    # Depth multipliers above 1: on the lane kernels without the repeated input
+    # in memory where they take it (:func:`_multiplier_forward_route`,
+    # :func:`_multiplier_input_route`, :func:`_multiplier_filter_route`);
+    # otherwise the multiplier-1 kernels on the input with each channel repeated
+    # M times, the input gradient summed from that of the repeated input (1
+    # thread, N=8, NHWC, M=2:
     # 19x19x728 forward 54 -> 8.4 ms, 56x56x144 126 -> 18.6 ms, against the
     # generic row kernels).
     def depthwise_forward(self, plan, x, w, out=None, wide=False):
@@ -823,6 +850,9 @@ class CPUBackend(base.Backend):
 
     def depthwise_backprop_input(self, plan, dy, w, out=None, wide=False):
         if plan.multiplier > 1:
+            launch = _route(plan, "input_gradient", _multiplier_input_route)
+            if launch is not None:
+                return _correlate(launch, plan, dy, w, plan.input_shape, out, wide)
             return self._sum_repeated(plan, dy, w, out, wide)
         launch = _route(plan, "input_gradient", _input_gradient_route)
         if launch is None:

@@ -26,7 +26,9 @@ stride-1 gather over pixels a stride apart. The filter gradient sums the
 products of each output-gradient row with the window rows it reads in registers
 (:func:`.simd.dots_rows`). The forward and the filter gradient also take depth
 multipliers 2, 4 and 8, reading each input vector once and repeating its
-channels in registers for their output channels.
+channels in registers for their output channels; the stride-1 input gradient
+takes them too, computing each row's gradient of the repeated input in a
+scratch row and summing its groups of channels from there.
 
 16-bit operands are read as their bit patterns and 16-bit results written as
 theirs (the driver's ``raw16`` / ``writes16``): every result element is stored
@@ -37,6 +39,7 @@ channels, for the windows of ``WINDOWS``, on rows the driver's ``_by_lanes``
 says they are faster for.
 """
 
+import numpy as np
 from numba import literally, njit, prange
 
 from .kernels import _split
@@ -45,6 +48,7 @@ from .simd import WIDE as _WIDE
 from .simd import dots_rows as _dots_rows
 from .simd import dots_window as _dots_window
 from .simd import sfence as _sfence
+from .simd import sum_groups as _sum_groups
 from .simd import taps_rows as _taps_rows
 from .simd import taps_window as _taps_window
 
@@ -287,6 +291,25 @@ def _dots_pixel(part, a0, arow, src, s0, rowstep, colstep, dy, g0, C, rows, cols
     _dots_window(part, a0, arow, C, src, s0, rowstep, colstep, dy, g0, rows, cols, C, M)
 
 
+@njit(inline="always")
+def _gather_row(dst, d0, dyf, n, ih, wt, H, W, C, OH, OW, KH, KW, rh, rw, ph, pw, lo, hi, NT):
+    """Input row ``ih`` of image ``n`` of a stride-1 input gradient (C channels)
+    into ``dst`` from ``d0``: pixels [lo, hi) in blocks (:func:`_row`), the others
+    one at a time."""
+    oh0 = ih + ph
+    k0, k1 = _taps_inside(oh0, -rh, KH, OH)
+    s0 = ((n * OH + oh0) * OW + lo + pw) * C
+    if lo < hi:
+        _row(dst, d0 + lo * C, dyf, s0, C, -OW * rh * C, -rw * C, wt, C, hi - lo, k0, k1, KW,
+             NT, (lo + pw, 1, -rw, OW, C), 1)
+    for i in range(lo + W - hi):
+        iw = _side(i, lo, hi)
+        j0, j1 = _taps_inside(iw + pw, -rw, KW, OW)
+        _pixel(dst, d0 + iw * C, dyf, ((n * OH + oh0 - k0 * rh) * OW + iw + pw - j0 * rw) * C,
+               -OW * rh * C, -rw * C, wt, (k0 * KW + j0) * C, KW * C, C, C, k1 - k0, j1 - j0,
+               NT)
+
+
 def _build(KH, KW, NT, M):
     @njit(parallel=True, nogil=True, cache=True)
     def forward(x, w, y, sd, sh, sw, rd, rh, rw, pd, ph, pw):
@@ -332,34 +355,31 @@ def _build(KH, KW, NT, M):
     @njit(parallel=True, nogil=True, cache=True)
     def backprop_input(dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         """As :func:`.kernels` ``backprop_input_cl``, stride 1, for
-        ``dy[N, 1, OH, OW, C]``, ``w[1, KH, KW, C, 1]``, C a multiple of 8: in
-        gather form, dx[ih, iw] = sum over taps of dy[ih + ph - kh*rh, iw + pw -
-        kw*rw] * w[kh, kw] (taps reach back: negative offsets)."""
-        N, D, H, W, C = dx.shape
-        _, OD, OH, OW, _ = dy.shape
+        ``dy[N, 1, OH, OW, C]``, ``w[1, KH, KW, C, 1]``, ``dx[N, 1, H, W, C / M]``,
+        C a multiple of 8: in gather form, dx[ih, iw] = sum over taps of dy[ih + ph
+        - kh*rh, iw + pw - kw*rw] * w[kh, kw] (taps reach back: negative offsets).
+        Depth multiplier M above 1: each row's gradient of the input repeated
+        (C channels) in a scratch row, then its groups of M channels summed in
+        order of m (:func:`.simd.sum_groups`), so the repeated gradient never
+        leaves the cache."""
+        N, D, H, W, CI = dx.shape
+        _, OD, OH, OW, C = dy.shape
         lo, hi = _run(W, pw, 1, -rw, KW, OW, C)
-        edges = (lo + pw, 1, -rw, OW, C)
         wt = w.reshape(w.size)
         dyf = dy.reshape(N * OD * OH * OW * C)
-        dxf = dx.reshape(N * D * H * W * C)
+        dxf = dx.reshape(N * D * H * W * CI)
         jobs, parts = _parts(N * H)
         for part in prange(parts):
+            rep = np.empty(W * C if M > 1 else 0, np.float32)
             for job in range(*_part(part, parts, jobs)):
                 n, ih = _split(job, H)
-                row = job
-                oh0 = ih + ph
-                k0, k1 = _taps_inside(oh0, -rh, KH, OH)
-                s0 = ((n * OH + oh0) * OW + lo + pw) * C
-                if lo < hi:
-                    _row(dxf, (row * W + lo) * C, dyf, s0, C, -OW * rh * C, -rw * C, wt, C,
-                         hi - lo, k0, k1, KW, NT, edges, 1)
-                for i in range(lo + W - hi):
-                    iw = _side(i, lo, hi)
-                    j0, j1 = _taps_inside(iw + pw, -rw, KW, OW)
-                    _pixel(dxf, (row * W + iw) * C, dyf,
-                           ((n * OH + oh0 - k0 * rh) * OW + iw + pw - j0 * rw) * C,
-                           -OW * rh * C, -rw * C, wt, (k0 * KW + j0) * C, KW * C, C, C,
-                           k1 - k0, j1 - j0, NT)
+                if M == 1:
+                    _gather_row(dxf, job * W * C, dyf, n, ih, wt, H, W, C, OH, OW, KH, KW,
+                                rh, rw, ph, pw, lo, hi, NT)
+                else:
+                    _gather_row(rep, 0, dyf, n, ih, wt, H, W, C, OH, OW, KH, KW, rh, rw, ph,
+                                pw, lo, hi, 0)
+                    _sum_groups(dxf, job * W * CI, CI, rep, 0, C, W, CI, M, NT)
             if NT:
                 _sfence()
 
@@ -468,9 +488,9 @@ class LaneKernels:
     1), ``backprop_input_strided`` (dilation 1) and ``backprop_filter``; with
     ``stream``, the first three writing their results with non-temporal stores
     (every result vector must be aligned to its size: the driver's
-    ``_streams``); with ``multiplier`` M above 1, ``forward`` and
-    ``backprop_filter`` read a depth multiplier M's input (the input gradients
-    serve multiplier 1 only)."""
+    ``_streams``); with ``multiplier`` M above 1, ``forward``,
+    ``backprop_input`` and ``backprop_filter`` serve a depth multiplier M
+    (``backprop_input_strided`` serves multiplier 1 only)."""
 
     def __init__(self, KH, KW, stream=False, multiplier=1):
         (self.forward, self.backprop_input, self.backprop_input_strided,
@@ -483,7 +503,7 @@ _sets = {}
 def kernels(KH, KW, stream=False, multiplier=1):
     """The lane kernels for a KH x KW window of ``WINDOWS`` (``stream``: writing
     with non-temporal stores; ``multiplier``: a depth multiplier of
-    :data:`.simd.REPEATS` for the forward)."""
+    :data:`.simd.REPEATS`)."""
     key = (KH, KW, bool(stream), multiplier)
     if key not in _sets:
         _sets[key] = LaneKernels(*key)

@@ -6,6 +6,7 @@ and filter-gradient intrinsics (``taps_rows``, ``taps_window``, ``dots_rows``,
 ``dots_window``) take a channel count, a multiple of 8, and run 16 lanes at a
 time where the CPU has AVX-512 (8 elsewhere), then 8 for a last group of 8; they
 read 16-bit operands given as bit patterns and write 16-bit results that way.
+So does ``sum_groups``, which sums a depth multiplier's groups of channels.
 """
 
 import platform
@@ -355,7 +356,7 @@ _REPEATS = REPEATS
 STREAMS = platform.machine().lower() in ("x86_64", "amd64")
 
 
-def _by_channels(make, offsets, channels_at, repeated, doc):
+def _by_channels(make, offsets, channels_at, repeated, grouped, doc):
     """One intrinsic from the factory ``make(width)`` of typing functions whose
     argument ``channels_at`` counts channel groups of ``width`` lanes: it takes a
     channel count (a multiple of 8) there instead, and runs ``make(WIDE)``'s code
@@ -363,7 +364,8 @@ def _by_channels(make, offsets, channels_at, repeated, doc):
     at ``offsets`` moved past the others). ``repeated``: None, or (offset,
     repeat): the offset argument into an array whose channels the compile-time
     argument ``repeat`` repeats, which moves past as many elements divided by
-    it."""
+    it; ``grouped``: the same for an array holding ``repeat`` elements per
+    channel, which moves past as many elements times ``repeat``."""
     wide, narrow = make(WIDE), make(8)
 
     def typer(typingctx, *args):
@@ -372,9 +374,11 @@ def _by_channels(make, offsets, channels_at, repeated, doc):
             return None
         sig, wide_code = typed
         narrow_code = narrow(typingctx, *args)[1]
-        step = {i: 1 for i in offsets}
+        step = {i: (1, 1) for i in offsets}
         if repeated is not None:
-            step[repeated[0]] = _taps(args[repeated[1]])
+            step[repeated[0]] = (1, _taps(args[repeated[1]]))
+        if grouped is not None:
+            step[grouped[0]] = (_taps(args[grouped[1]]), 1)
 
         def codegen(context, builder, signature, cargs):
             channels = cargs[channels_at]
@@ -387,7 +391,10 @@ def _by_channels(make, offsets, channels_at, repeated, doc):
             args8 = list(cargs)
             args8[channels_at] = builder.sdiv(builder.sub(channels, shift), ir.Constant(ity, 8))
             for i in offsets:
-                args8[i] = builder.add(cargs[i], builder.sdiv(shift, ir.Constant(ity, step[i])))
+                mul, div = step[i]
+                moved = builder.sdiv(builder.mul(shift, ir.Constant(ity, mul)),
+                                     ir.Constant(ity, div))
+                args8[i] = builder.add(cargs[i], moved)
             narrow_code(context, builder, signature, args8)
             return context.get_dummy_value()
 
@@ -778,14 +785,71 @@ def _dots_window(width):
     return dots_window
 
 
+def _sum_groups(width):
+    def sum_groups(typingctx, dst, d0, dstep, src, s0, sstep, n, groups, repeat, stream):
+        REP, NT = _taps(repeat), _taps(stream)
+        if REP not in _REPEATS or NT is None:
+            return None
+        sig = types.void(dst, d0, dstep, src, s0, sstep, n, groups, repeat, stream)
+
+        def codegen(context, builder, signature, args):
+            _, d0v, dstepv, _, s0v, sstepv, nv, gv, _, _ = args
+            v = _Lanes(context, builder, signature, args, width, floats=3)
+            ity = s0v.type
+
+            def const(i):
+                return ir.Constant(ity, i)
+
+            def pick(vecs, first, idx):
+                """The elements ``idx`` (ascending, counted from vector ``first``'s
+                first lane) of the vectors ``vecs``, as one vector: a shuffle of the
+                two vectors they lie in, or two halves picked so and joined."""
+                lo, hi = idx[0] // width, idx[-1] // width
+                if hi - lo <= 1:
+                    a = vecs[lo - first]
+                    b = vecs[hi - first] if hi > lo else a
+                    mask = ir.Constant(ir.VectorType(_I32, len(idx)),
+                                       [k - lo * width for k in idx])
+                    return builder.shuffle_vector(a, b, mask)
+                h = len(idx) // 2
+                a, b = pick(vecs, first, idx[:h]), pick(vecs, first, idx[h:])
+                return builder.shuffle_vector(
+                    a, b, ir.Constant(ir.VectorType(_I32, len(idx)), list(range(len(idx)))))
+
+            def group(g, src0, dst0):
+                at = builder.add(src0, builder.mul(g, const(width * REP)))
+                vecs = [v.load(3, builder.add(at, const(i * width))) for i in range(REP)]
+                total = None
+                for m in range(REP):
+                    part = pick(vecs, 0, [lane * REP + m for lane in range(width)])
+                    total = part if total is None else builder.fadd(total, part)
+                v.put(total, 0, builder.add(dst0, builder.mul(g, const(width))), NT)
+                return []
+
+            def pixel(k, _):
+                src0 = builder.add(s0v, builder.mul(k, sstepv))
+                dst0 = builder.add(d0v, builder.mul(k, dstepv))
+                v.loop(gv, [], lambda g, _: group(g, src0, dst0))
+                return []
+
+            v.loop(nv, [], pixel)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return sum_groups
+
+
 #: Per intrinsic: its factory, the arguments that are element offsets into the
-#: channel-carrying arrays, the argument holding the channel count, and
-#: (offset, repeat) for an input whose channels a depth multiplier repeats.
+#: channel-carrying arrays, the argument holding the channel count, (offset,
+#: repeat) for an input whose channels a depth multiplier repeats, and (offset,
+#: repeat) for one holding ``repeat`` elements per channel.
 CHANNEL_ARGS = {
-    "taps_rows": (_taps_rows, (1, 4, 9), 14, (4, 18)),
-    "taps_window": (_taps_window, (1, 3, 7), 12, None),
-    "dots_rows": (_dots_rows, (1, 4, 9), 12, (4, 15)),
-    "dots_window": (_dots_window, (1, 5, 9), 12, (5, 13)),
+    "taps_rows": (_taps_rows, (1, 4, 9), 14, (4, 18), None),
+    "taps_window": (_taps_window, (1, 3, 7), 12, None, None),
+    "dots_rows": (_dots_rows, (1, 4, 9), 12, (4, 15), None),
+    "dots_window": (_dots_window, (1, 5, 9), 12, (5, 13), None),
+    "sum_groups": (_sum_groups, (1, 4), 7, None, (4, 8)),
 }
 
 taps_rows = _by_channels(*CHANNEL_ARGS["taps_rows"], """For each pixel k < n and channel c < channels (a multiple of 8; as vectors):
@@ -844,3 +908,12 @@ dots_window = _by_channels(*CHANNEL_ARGS["dots_window"], """For each channel c <
     whose window the map's edges cut, into the filter gradient's sums (fused,
     four channel groups side by side); ``repeat``: as in :func:`taps_rows`, for
     x.""")
+
+sum_groups = _by_channels(*CHANNEL_ARGS["sum_groups"], """For each pixel k < n and channel c < channels (a multiple of 8; as vectors):
+    ``dst[d0 + c + k*dstep] = src[s0 + c*repeat + k*sstep] + src[s0 + c*repeat + 1 +
+    k*sstep] + ...``, the ``repeat`` (a compile-time 1, 2, 4 or 8) adjacent
+    elements of channel c summed in order: a depth multiplier's input gradient
+    from that of the input repeated (output channel c*M + m sees input channel
+    c). Each vector of ``dst`` from ``repeat`` loaded vectors by shuffles, where
+    the loop vectoriser leaves the strided sums scalar; ``stream`` and 16-bit
+    results as in :func:`taps_rows`.""")
