@@ -4,7 +4,8 @@ They take every 1-D/2-D channels-first problem with depth multiplier 1, so the
 general sweeps already run through them; the tests here aim at what is theirs:
 the phase split for strides and dilations, the padding and the extra columns they
 compute and drop (which must never turn an Inf into a NaN the operator does not
-have), the direct fallback, and the fixed reduction order of the filter gradient.
+have), the direct fallback, the fixed reduction order of the filter gradient, and
+depth multipliers (one copy of each input plane for its output planes).
 """
 
 import numpy as np
@@ -63,10 +64,71 @@ def test_the_plane_kernels_take_2d_and_1d_channels_first(monkeypatch):
                             data_format="channels_first")
     assert seen and all(seen)
     seen.clear()
-    # depth multiplier 2: computed as multiplier 1 on the channels repeated, which the
-    # plane kernels take
+    # depth multiplier 2: the plane kernels take it where they take the problem
+    # with its channels repeated
     F(x, np.ones((3, 3, 3, 2), np.float32), [1, 1, 1, 1], "SAME", data_format="NCHW")
     assert seen and all(seen)
+
+
+@st.composite
+def multiplier_problems(draw):
+    n = draw(st.integers(1, 2))
+    c = draw(st.integers(1, 4))
+    m = draw(st.sampled_from([2, 3, 4]))
+    h, w = draw(st.integers(1, 11)), draw(st.integers(1, 11))
+    kh, kw = draw(st.sampled_from([(3, 3), (1, 3), (2, 4)]))
+    sh, sw = draw(st.sampled_from([(1, 1), (2, 2), (1, 3)]))
+    rh, rw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    attrs = support.draw_padding(draw, h, w, kh, kw, sh, sw, rh, rw)
+    return (n, c, h, w), (kh, kw, c, m), attrs
+
+
+def _three_ops(xs, fs, attrs, poison=None):
+    """The three ops on random operands (``poison``: (array name, value) put into
+    one element of x or w)."""
+    rng = np.random.default_rng(abs(hash((xs, fs, str(attrs)))) % 2**32)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(fs).astype(np.float32)
+    if poison is not None:
+        (x if poison[0] == "x" else w).flat[poison[2] % (x.size if poison[0] == "x" else
+                                                          w.size)] = poison[1]
+    y = F(x, w, **attrs)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    return y, BI(list(xs), w, dy, **attrs), BF(x, list(fs), dy, **attrs)
+
+
+@settings(max_examples=40, deadline=None)
+@given(multiplier_problems(), st.none() | st.tuples(st.sampled_from(["x", "w"]),
+                                                     st.sampled_from([np.inf, np.nan]),
+                                                     st.integers(0, 1000)))
+def test_depth_multipliers_copy_each_input_plane_once(problem, poison):
+    """Channels-first depth multipliers on the plane kernels, each input plane
+    copied once for its M output planes (the input gradient summed from them):
+    the reference's values, and the bits (NaN and Inf where they are) of the
+    plane kernels on the input repeated in memory."""
+    xs, fs, attrs = problem
+    attrs = dict(attrs, data_format="NCHW")
+    with pytest.MonkeyPatch.context() as patch:
+        taken = []
+        real = driver._multiplier_plane_route
+
+        def spy(plan, op):
+            launch = real(plan, op)
+            taken.append(launch is not None)
+            return launch
+        patch.setattr(driver, "_multiplier_plane_route", spy)
+        support.route_afresh(patch)
+        if poison is None:
+            support.assert_three_ops_match_the_reference(xs, fs, attrs, np.float32)
+        got = _three_ops(xs, fs, attrs, poison)
+        assert taken == [True] * len(taken) and taken
+        # the same problems repeated in memory, on the plane kernels (not the tiles)
+        patch.setattr(driver, "_multiplier_plane_route", lambda plan, op: None)
+        patch.setattr(driver, "_tile_width", lambda plan, adjoint=False: 0)
+        patch.setattr(driver, "_filter_tile_width", lambda plan: 0)
+        want = _three_ops(xs, fs, attrs, poison)
+    for g, v in zip(got, want):
+        np.testing.assert_array_equal(g, v)
 
 
 def test_huge_windows_go_to_the_row_kernels(monkeypatch):

@@ -4,7 +4,8 @@ and the routing of multiplier-M problems to the multiplier-1 kernels.
 Correctness of the operators with M > 1 against the float64 reference is swept by
 test_raw_ops.py and test_keras_ops.py (and the lanes' own path by test_lanes.py);
 here: the two helper kernels element by element, and which M > 1 calls of the
-three ops repeat the input in memory for the multiplier-1 path.
+three ops repeat the input in memory for the multiplier-1 path (the others run
+on the lane or plane kernels without the repeated input).
 """
 
 import numpy as np
@@ -33,15 +34,17 @@ def test_repeat_and_sum_groups_element_by_element(dtype, m):
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("data_format, dtype, channels, fused", [
-    ("NHWC", np.float64, 3, False), ("NCHW", np.float64, 3, False),
-    ("NHWC", np.float32, 3, False), ("NHWC", np.float32, 4, True)])
-def test_ops_with_a_multiplier_repeat_the_input_unless_the_lanes_take_them(
-        monkeypatch, data_format, dtype, channels, fused):
-    """The forward and filter gradient run on the multiplier-1 kernels from the
-    input with its channels repeated in memory, unless the lane kernels repeat
-    them in registers (channels-last float32, 8k output channels); the input
-    gradient always sums the repeated input's gradient."""
+@pytest.mark.parametrize("data_format, dtype, channels, expect", [
+    ("NHWC", np.float64, 3, "all"), ("NCHW", np.float64, 3, "none"),
+    ("NHWC", np.float32, 3, "all"), ("NHWC", np.float32, 4, "summed"),
+    ("NHWC", np.float32, 8, "none")])
+def test_ops_with_a_multiplier_repeat_the_input_unless_the_lanes_or_planes_take_them(
+        monkeypatch, data_format, dtype, channels, expect):
+    """The three ops run on the multiplier-1 kernels from the input with its
+    channels repeated in memory (the input gradient summed from the repeated
+    input's), unless the lane kernels take them (channels-last float32: the
+    forward and filter gradient with 8k output channels, the input gradient with
+    8k input channels) or the plane kernels do (channels-first)."""
     seen = []
     repeated, summed = driver._repeated, driver.CPUBackend._sum_repeated
 
@@ -65,4 +68,5 @@ def test_ops_with_a_multiplier_repeat_the_input_unless_the_lanes_take_them(
     numbasep.depthwise_conv2d_native_backprop_filter(x, list(w.shape), y, [1, 1, 1, 1], "SAME",
                                                      data_format=data_format)
     rep = ("repeated", 4, xs)
-    assert seen == ([("summed", 4)] if fused else [rep, ("summed", 4), rep])
+    assert seen == {"all": [rep, ("summed", 4), rep], "summed": [("summed", 4)],
+                    "none": []}[expect]

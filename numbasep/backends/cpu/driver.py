@@ -511,11 +511,41 @@ def _multiplier_forward_route(plan):
     than the output's). 2 threads, N=8, 3x3, repeated in memory / in registers
     (ms): 56x56x144 M=2 3.4 / 1.16, M=4 11.5 / 2.44 (the repeated input alone
     cost 5.9 ms, 4 of them its fresh pages); 19x19x728 M=2 2.1 / 0.71, M=4 6.8 /
-    1.79."""
+    1.79. Channels-first: :func:`_multiplier_plane_route`."""
+    if not plan.channels_last:
+        return _multiplier_plane_route(plan, "forward")
     single = _repeats_in_registers(plan)
     if single is None:
         return None
     return _multiplier_launch(plan, "forward", plan.input_shape5, plan.output_shape5, single)
+
+
+def _multiplier_plane_route(plan, op):
+    """How a channels-first ``op`` ("forward", "input_gradient" or
+    "filter_gradient") with a depth multiplier above 1 runs on the plane kernels
+    (a :class:`_Launch` on the operands as they are), or None: where the plane
+    kernels do not take the problem with its input repeated. Each input plane
+    is copied once for its M output planes (the input gradient: summed from
+    them), instead of the input repeated in memory. 2 threads, N=8, 3x3,
+    repeated in memory (on the plane or tile kernels) / planes, forward and
+    filter gradient (ms): 56x56x144 M=2 5.4, 4.8 / 2.5, 2.4; M=4 17.2, 15.3 /
+    6.0, 5.2; 19x19x728 M=2 2.8, 2.7 / 1.6, 1.7; M=4 7.9, 6.3 / 4.1, 4.6; input
+    gradient (medians of ``benchmarks/layout_ratio.py``): 56x56x144 M=2 8.4 / 3.8,
+    M=4 21.0 / 7.4; 19x19x728 M=2 4.5 / 2.3, M=4 12.3 / 5.3."""
+    single = _single_plan(plan)
+    if not _by_planes(single):
+        return None
+    xs = _plane_shape(plan, plan.in_sizes)
+    ys = _plane_shape(single, plan.out_sizes)
+    kh, kw, cm = plan.kernel[1], plan.kernel[2], single.channels
+    if op == "filter_gradient":
+        chunks = kernels.partial_chunks(plan.batch, kh * kw * cm)
+        return _Launch(planes.backprop_filter,
+                       (xs, ys, (chunks, kh, kw, cm), (chunks,) + plan.filter_shape5),
+                       _plane_params(plan))
+    if op == "input_gradient":
+        return _Launch(planes.backprop_input, (ys, (kh, kw, cm), xs), _plane_params(plan))
+    return _Launch(planes.forward, (xs, (kh, kw, cm), ys), _plane_params(plan))
 
 
 def _multiplier_launch(plan, name, data, result, result_plan):
@@ -547,7 +577,10 @@ def _multiplier_input_route(plan):
     multiple of 8 input channels (the sums are stored 8 or 16 at a time). 2
     threads, N=8, 3x3, repeated in memory / scratch rows (ms): 56x56x144 M=2
     9.9-10.9 / 2.8-4.4, M=4 22.5-24.0 / 10.4-10.8; 19x19x728 M=2 3.7-4.9 /
-    1.39-1.47, M=4 10.2-10.5 / 2.89-2.97."""
+    1.39-1.47, M=4 10.2-10.5 / 2.89-2.97. Channels-first:
+    :func:`_multiplier_plane_route`."""
+    if not plan.channels_last:
+        return _multiplier_plane_route(plan, "input_gradient")
     if plan.channels % 8 or _repeats_in_registers(plan) is None:
         return None
     return _multiplier_launch(plan, "backprop_input", plan.output_shape5, plan.input_shape5,
@@ -593,7 +626,9 @@ def _multiplier_filter_route(plan):
     or None: then from the input repeated in memory. Partial filters as the
     multiplier-1 lanes split them. 2 threads, N=8, 3x3, repeated in memory / in
     registers (ms): 56x56x144 M=2 5.1 / 1.18, M=4 13.3 / 4.2; 19x19x728 M=2 1.47 /
-    0.76, M=4 6.3 / 1.41."""
+    0.76, M=4 6.3 / 1.41. Channels-first: :func:`_multiplier_plane_route`."""
+    if not plan.channels_last:
+        return _multiplier_plane_route(plan, "filter_gradient")
     single = _repeats_in_registers(plan)
     if single is None:
         return None
@@ -826,9 +861,10 @@ class CPUBackend(base.Backend):
         return direct if direct is not None else super().bind(method, plan, arrays, out)
 
     # -- depthwise ------------------------------------------------------------------
-    # Depth multipliers above 1: on the lane kernels without the repeated input
-    # in memory where they take it (:func:`_multiplier_forward_route`,
-    # :func:`_multiplier_input_route`, :func:`_multiplier_filter_route`);
+    # Depth multipliers above 1: on the lane kernels (channels-last) or the plane
+    # kernels (channels-first) without the repeated input in memory where they
+    # take it (:func:`_multiplier_forward_route`, :func:`_multiplier_input_route`,
+    # :func:`_multiplier_filter_route`, :func:`_multiplier_plane_route`);
     # otherwise the multiplier-1 kernels on the input with each channel repeated
     # M times, the input gradient summed from that of the repeated input (1
     # thread, N=8, NHWC, M=2:

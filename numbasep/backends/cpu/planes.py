@@ -21,9 +21,12 @@ small maps) and reuses one scratch for all of them; runs are padded to whole
 vector groups and walked in L1-sized chunks, so no scalar loop tail and no
 trip to L2 per tap.
 
-These kernels serve 1-D and 2-D problems with depth multiplier 1 whose plane fits
-the scratch limit of the driver; the row kernels of :mod:`.kernels` serve the
-rest. Within a tap sum the taps come in (kh, kw) order, like there.
+These kernels serve 1-D and 2-D problems whose plane fits the scratch limit of
+the driver; the row kernels of :mod:`.kernels` serve the rest. A depth
+multiplier M's input plane is copied once for its M output planes (the input
+gradient: the M planes' gradients added in order of m, as if the input were
+repeated in memory). Within a tap sum the taps come in (kh, kw) order, like
+there.
 """
 
 import numpy as np
@@ -232,19 +235,21 @@ def _tap_sum(dst, d0, src, offs, wv, ntaps, length):
 
 @njit(parallel=True, nogil=True, cache=True)
 def forward(x, w, y, sh, sw, rh, rw, ph, pw, cpt):
-    """y[n, c, oh, ow] = sum over (kh, kw) of
-    x[n, c, oh*sh - ph + kh*rh, ow*sw - pw + kw*rw] * w[kh, kw, c].
+    """y[n, c*M + m, oh, ow] = sum over (kh, kw) of
+    x[n, c, oh*sh - ph + kh*rh, ow*sw - pw + kw*rw] * w[kh, kw, c*M + m].
 
-    ``x[N, C, H, W]``, ``w[KH, KW, C]``, ``y[N, C, OH, OW]``, all C-contiguous;
-    ``cpt`` channels per task.
+    ``x[N, C, H, W]``, ``w[KH, KW, C*M]``, ``y[N, C*M, OH, OW]``, all
+    C-contiguous (depth multiplier M: each input plane copied once for its M
+    output planes); ``cpt`` input channels per task.
     """
     N, C, H, W = x.shape
     KH, KW = w.shape[0], w.shape[1]
-    OH, OW = y.shape[2], y.shape[3]
+    CM, OH, OW = y.shape[1], y.shape[2], y.shape[3]
+    M = CM // C
     RQ, WQ, L, S = _geometry(KH, KW, OH, OW, sh, sw, rh, rw)
-    wk = w.reshape(KH * KW, C)
+    wk = w.reshape(KH * KW, CM)
     xf = x.reshape(N * C * H * W)
-    yf = y.reshape(N * C * OH * OW)
+    yf = y.reshape(N * CM * OH * OW)
     nblk = (C + cpt - 1) // cpt
     for job in prange(N * nblk):
         n, blk = job // nblk, job % nblk
@@ -252,19 +257,24 @@ def forward(x, w, y, sh, sw, rh, rw, ph, pw, cpt):
         acc = np.empty(L, x.dtype)
         wv = np.empty(KH * KW, x.dtype)
         for c in range(blk * cpt, min(C, (blk + 1) * cpt)):
-            if not _finite_taps(w, c):
-                _fwd_direct(x[n, c], w, y[n, c], c, sh, sw, rh, rw, ph, pw)
-                continue
-            _scatter_plane(xf, (n * C + c) * H * W, H, W, xp, cols, sh, sw, ph, pw, RQ, WQ, S)
-            for k in range(KH * KW):
-                wv[k] = wk[k, c]
-            _tap_sum(acc, 0, xp, offs, wv, KH * KW, L)
-            y0 = (n * C + c) * OH * OW
-            for oh in range(OH):
-                base = oh * WQ
-                r = y0 + oh * OW
-                for ow in range(OW):
-                    yf[_u(r + ow)] = acc[_u(base + ow)]
+            copied = False
+            for k in range(c * M, (c + 1) * M):
+                if not _finite_taps(w, k):
+                    _fwd_direct(x[n, c], w, y[n, k], k, sh, sw, rh, rw, ph, pw)
+                    continue
+                if not copied:
+                    _scatter_plane(xf, (n * C + c) * H * W, H, W, xp, cols, sh, sw, ph, pw,
+                                   RQ, WQ, S)
+                    copied = True
+                for t in range(KH * KW):
+                    wv[t] = wk[t, k]
+                _tap_sum(acc, 0, xp, offs, wv, KH * KW, L)
+                y0 = (n * CM + k) * OH * OW
+                for oh in range(OH):
+                    base = oh * WQ
+                    r = y0 + oh * OW
+                    for ow in range(OW):
+                        yf[_u(r + ow)] = acc[_u(base + ow)]
 
 
 @njit(inline="always")
@@ -306,17 +316,20 @@ def _bin_direct(g, w, out, c, sh, sw, rh, rw, ph, pw):
 def backprop_input(dy, w, dx, sh, sw, rh, rw, ph, pw, cpt):
     """The adjoint of :func:`forward`: each output's gradient spread over its window.
 
-    ``dy[N, C, OH, OW]``, ``w[KH, KW, C]``, ``dx[N, C, H, W]``.
+    ``dy[N, C*M, OH, OW]``, ``w[KH, KW, C*M]``, ``dx[N, C, H, W]``: depth
+    multiplier M, input channel c's gradient the sum of its M output channels'
+    (each computed as at multiplier 1, added in order of m).
     """
     N, C, H, W = dx.shape
     KH, KW = w.shape[0], w.shape[1]
-    OH, OW = dy.shape[2], dy.shape[3]
+    CM, OH, OW = dy.shape[1], dy.shape[2], dy.shape[3]
+    M = CM // C
     RQ, WQ, L, S = _geometry(KH, KW, OH, OW, sh, sw, rh, rw)
-    wk = w.reshape(KH * KW, C)
+    wk = w.reshape(KH * KW, CM)
     # Gather form, phase plane by phase plane: input cell j of phase plane (a, b)
     # collects gp[j - off] * w for each tap of that phase, whose offset into the
     # phase plane is off. gp is stored after a lead of zeros (lead >= every off).
-    dyf = dy.reshape(N * C * OH * OW)
+    dyf = dy.reshape(N * CM * OH * OW)
     dxf = dx.reshape(N * C * H * W)
     lead = ((KH - 1) * rh // sh + 1) * WQ + _VEC
     LJ = (RQ * WQ + _VEC - 1) // _VEC * _VEC
@@ -345,79 +358,109 @@ def backprop_input(dy, w, dx, sh, sw, rh, rw, ph, pw, cpt):
                 src[f, count[f]] = lead - (dr * WQ + dq) + j0
                 count[f] += 1
         wv = np.empty(KH * KW, dy.dtype)
+        # the gradients of output channels c*M + m, m > 0, before they are added
+        more = np.empty(H * W if M > 1 else 0, dy.dtype)
         for c in range(blk * cpt, min(C, (blk + 1) * cpt)):
-            if not _finite_taps(w, c):
-                _bin_direct(dy[n, c], w, dx[n, c], c, sh, sw, rh, rw, ph, pw)
-                continue
-            g0 = (n * C + c) * OH * OW
-            for oh in range(OH):
-                base = lead + oh * WQ
-                r = g0 + oh * OW
-                for ow in range(OW):
-                    gp[_u(base + ow)] = dyf[_u(r + ow)]
-            for f in range(nph):
-                for k in range(count[f]):
-                    wv[k] = wk[which[f, k], c]
-                _tap_sum(xp, f * S + j0, gp, src[f], wv, count[f], LR)
-            _gather_plane(xp, dxf, (n * C + c) * H * W, H, W, cols, sh, sw, ph, pw, RQ, WQ, S)
+            d0 = (n * C + c) * H * W
+            for m in range(M):
+                k = c * M + m
+                if m == 0:
+                    dst, at = dxf, d0
+                else:
+                    dst, at = more, 0
+                if not _finite_taps(w, k):
+                    _bin_direct(dy[n, k], w, dst[at:at + H * W].reshape(H, W), k, sh, sw, rh,
+                                rw, ph, pw)
+                else:
+                    g0 = (n * CM + k) * OH * OW
+                    for oh in range(OH):
+                        base = lead + oh * WQ
+                        r = g0 + oh * OW
+                        for ow in range(OW):
+                            gp[_u(base + ow)] = dyf[_u(r + ow)]
+                    for f in range(nph):
+                        for t in range(count[f]):
+                            wv[t] = wk[which[f, t], k]
+                        _tap_sum(xp, f * S + j0, gp, src[f], wv, count[f], LR)
+                    _gather_plane(xp, dst, at, H, W, cols, sh, sw, ph, pw, RQ, WQ, S)
+                if m > 0:
+                    for i in range(H * W):
+                        dxf[_u(d0 + i)] += more[_u(i)]
 
 
 @njit(parallel=True, nogil=True, cache=True, fastmath=_REDUCE_MATH)
 def backprop_filter(x, dy, parts, sh, sw, rh, rw, ph, pw, cpt):
-    """parts[p, kh, kw, c] = the filter gradient of channel c over the images of chunk p.
+    """parts[p, kh, kw, k] = the filter gradient of output channel k over the images
+    of chunk p.
 
-    ``x[N, C, H, W]``, ``dy[N, C, OH, OW]``, ``parts[P, KH, KW, C]``. The images
-    are split into P chunks that depend on the problem only and each task sums
-    its chunk's images in order (each image's run in fixed chunks), so the result
-    does not depend on the number of threads.
+    ``x[N, C, H, W]``, ``dy[N, C*M, OH, OW]``, ``parts[P, KH, KW, C*M]`` (depth
+    multiplier M: output channel c*M + m sees input channel c, whose plane is
+    copied once for its M output planes). The images are split into P chunks
+    that depend on the problem only and each task sums its chunk's images in
+    order (each image's run in fixed chunks), so the result does not depend on
+    the number of threads.
     """
     N, C, H, W = x.shape
     P, KH, KW = parts.shape[0], parts.shape[1], parts.shape[2]
-    OH, OW = dy.shape[2], dy.shape[3]
+    CM, OH, OW = dy.shape[1], dy.shape[2], dy.shape[3]
+    M = CM // C
     RQ, WQ, L, S = _geometry(KH, KW, OH, OW, sh, sw, rh, rw)
     xf = x.reshape(N * C * H * W)
-    dyf = dy.reshape(N * C * OH * OW)
+    dyf = dy.reshape(N * CM * OH * OW)
     nblk = (C + cpt - 1) // cpt
     for job in prange(P * nblk):
         p, blk = job // nblk, job % nblk
         xp, cols, offs = _task_scratch(x.dtype, KH, KW, W, sh, sw, rh, rw, pw, WQ, S)
         gp = np.zeros(L, x.dtype)
-        acc = np.empty(KH * KW, x.dtype)
+        sums = np.empty((M, KH * KW), x.dtype)
         one = np.empty(KH * KW, x.dtype)
         for c in range(blk * cpt, min(C, (blk + 1) * cpt)):
-            acc[:] = 0
+            sums[:] = 0
             for n in range(p * N // P, (p + 1) * N // P):
-                g0 = (n * C + c) * OH * OW
-                for oh in range(OH):
-                    base = oh * WQ
-                    r = g0 + oh * OW
-                    for ow in range(OW):
-                        gp[_u(base + ow)] = dyf[_u(r + ow)]
                 _scatter_plane(xf, (n * C + c) * H * W, H, W, xp, cols, sh, sw, ph, pw,
                                RQ, WQ, S)
-                one[:] = 0
-                for i0 in range(0, L, _CHUNK):
-                    i1 = min(L, i0 + _CHUNK)
-                    for k in range(KH * KW):
-                        t = offs[k]
-                        s = one[k]
-                        for i in range(i0, i1):
-                            s += xp[_u(t + i)] * gp[_u(i)]
-                        one[k] = s
-                # With finite operands every product is finite (the padding and the
-                # extra columns contribute exact zeros); a NaN or Inf sum means an
-                # operand was not finite, and then padding products must not count.
-                check = one[0] * 0
-                for k in range(KH * KW):
-                    check += one[k] * 0
-                if check == 0:
-                    for k in range(KH * KW):
-                        acc[k] += one[k]
-                else:
-                    _bfil_direct(x[n, c], dy[n, c], acc, KH, KW, sh, sw, rh, rw, ph, pw)
-            for kh in range(KH):
-                for kw in range(KW):
-                    parts[p, kh, kw, c] = acc[kh * KW + kw]
+                for m in range(M):
+                    _bfil_plane(x, dy, dyf, xp, gp, offs, one, sums[m], n, c, c * M + m, L,
+                                KH, KW, sh, sw, rh, rw, ph, pw)
+            for m in range(M):
+                for kh in range(KH):
+                    for kw in range(KW):
+                        parts[p, kh, kw, c * M + m] = sums[m, kh * KW + kw]
+
+
+@njit(inline="always")
+def _bfil_plane(x, dy, dyf, xp, gp, offs, one, acc, n, c, k, L, KH, KW, sh, sw, rh, rw, ph,
+                pw):
+    """Add image n's filter-gradient sums of output channel k (input channel c,
+    its plane already in ``xp``) into ``acc``."""
+    OH, OW = dy.shape[2], dy.shape[3]
+    WQ = OW + ((KW - 1) * rw) // sw
+    g0 = (n * dy.shape[1] + k) * OH * OW
+    for oh in range(OH):
+        base = oh * WQ
+        r = g0 + oh * OW
+        for ow in range(OW):
+            gp[_u(base + ow)] = dyf[_u(r + ow)]
+    one[:] = 0
+    for i0 in range(0, L, _CHUNK):
+        i1 = min(L, i0 + _CHUNK)
+        for t in range(KH * KW):
+            o = offs[t]
+            s = one[t]
+            for i in range(i0, i1):
+                s += xp[_u(o + i)] * gp[_u(i)]
+            one[t] = s
+    # With finite operands every product is finite (the padding and the extra
+    # columns contribute exact zeros); a NaN or Inf sum means an operand was not
+    # finite, and then padding products must not count.
+    check = one[0] * 0
+    for t in range(KH * KW):
+        check += one[t] * 0
+    if check == 0:
+        for t in range(KH * KW):
+            acc[t] += one[t]
+    else:
+        _bfil_direct(x[n, c], dy[n, k], acc, KH, KW, sh, sw, rh, rw, ph, pw)
 
 
 @njit(inline="always")
