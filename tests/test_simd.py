@@ -297,6 +297,32 @@ def test_sum_groups_rounds_16_bit_results_and_streams(lanes):
                                   want.astype(ml_dtypes.bfloat16))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_tap_sums_fold_each_taps_product_in_order(dtype):
+    """The plane kernels' tap sums: each element the left fold of its rounded
+    products (no fused multiply-add), for runs of one and several 4-vector
+    blocks plus single vectors, 0 to 11 taps at arbitrary source offsets;
+    nothing else written."""
+    @numba.njit
+    def run(dst, d0, src, offs, wv, ntaps, length):
+        simd.tap_sums(dst, d0, src, offs, wv, ntaps, length)
+
+    rng = np.random.default_rng(5)
+    src = rng.standard_normal(2000).astype(dtype)
+    for length in (32, 96, 160):
+        for ntaps in (0, 1, 2, 3, 4, 7, 11):
+            offs = rng.integers(0, 2000 - length, max(ntaps, 1)).astype(np.int64)
+            wv = rng.standard_normal(max(ntaps, 1)).astype(dtype)
+            dst = np.full(length + 10, dtype(-7))
+            run(dst, 3, src, offs, wv, ntaps, length)
+            want = np.full_like(dst, dtype(-7))
+            want[3:3 + length] = 0
+            for k in range(ntaps):
+                prod = src[offs[k]:offs[k] + length] * wv[k]
+                want[3:3 + length] = prod if k == 0 else want[3:3 + length] + prod
+            np.testing.assert_array_equal(dst, want)
+
+
 def _dots_want(acc, x, g, a0, arow, astep, s0, sstep, rowstep, colstep, g0, gstep, n, rows,
                cols, channels):
     """The filter-gradient sums in float64 (the intrinsics fuse, in pixel order)."""
