@@ -193,14 +193,6 @@ def _finite_taps(w, c):
     return s == 0
 
 
-@njit(inline="always")
-def _tap_sum(dst, d0, src, offs, wv, ntaps, length):
-    """dst[d0 + i] = sum over k < ntaps of src[offs[k] + i] * wv[k], for i < length,
-    summed in k order (:func:`.simd.tap_sums`). ``length`` is a multiple of _VEC;
-    with no taps the run is zeroed."""
-    _tap_sums(dst, d0, src, offs, wv, ntaps, length)
-
-
 @njit(parallel=True, nogil=True, cache=True)
 def forward(x, w, y, sh, sw, rh, rw, ph, pw, cpt):
     """y[n, c*M + m, oh, ow] = sum over (kh, kw) of
@@ -236,7 +228,7 @@ def forward(x, w, y, sh, sw, rh, rw, ph, pw, cpt):
                     copied = True
                 for t in range(KH * KW):
                     wv[t] = wk[t, k]
-                _tap_sum(acc, 0, xp, offs, wv, KH * KW, L)
+                _tap_sums(acc, 0, xp, offs, wv, KH * KW, L)
                 y0 = (n * CM + k) * OH * OW
                 for oh in range(OH):
                     base = oh * WQ
@@ -349,7 +341,7 @@ def backprop_input(dy, w, dx, sh, sw, rh, rw, ph, pw, cpt):
                     for f in range(nph):
                         for t in range(count[f]):
                             wv[t] = wk[which[f, t], k]
-                        _tap_sum(xp, f * S + j0, gp, src[f], wv, count[f], LR)
+                        _tap_sums(xp, f * S + j0, gp, src[f], wv, count[f], LR)
                     _gather_plane(xp, dst, at, H, W, cols, sh, sw, ph, pw, RQ, WQ, S)
                 if m > 0:
                     for i in range(H * W):
