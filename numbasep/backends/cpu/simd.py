@@ -800,19 +800,19 @@ def _sum_groups(width):
             def const(i):
                 return ir.Constant(ity, i)
 
-            def pick(vecs, first, idx):
-                """The elements ``idx`` (ascending, counted from vector ``first``'s
-                first lane) of the vectors ``vecs``, as one vector: a shuffle of the
+            def pick(vecs, idx):
+                """The elements ``idx`` (ascending, counted from the first lane of
+                ``vecs[0]``) of the vectors ``vecs``, as one vector: a shuffle of the
                 two vectors they lie in, or two halves picked so and joined."""
                 lo, hi = idx[0] // width, idx[-1] // width
                 if hi - lo <= 1:
-                    a = vecs[lo - first]
-                    b = vecs[hi - first] if hi > lo else a
+                    a = vecs[lo]
+                    b = vecs[hi] if hi > lo else a
                     mask = ir.Constant(ir.VectorType(_I32, len(idx)),
                                        [k - lo * width for k in idx])
                     return builder.shuffle_vector(a, b, mask)
                 h = len(idx) // 2
-                a, b = pick(vecs, first, idx[:h]), pick(vecs, first, idx[h:])
+                a, b = pick(vecs, idx[:h]), pick(vecs, idx[h:])
                 return builder.shuffle_vector(
                     a, b, ir.Constant(ir.VectorType(_I32, len(idx)), list(range(len(idx)))))
 
@@ -821,7 +821,7 @@ def _sum_groups(width):
                 vecs = [v.load(3, builder.add(at, const(i * width))) for i in range(REP)]
                 total = None
                 for m in range(REP):
-                    part = pick(vecs, 0, [lane * REP + m for lane in range(width)])
+                    part = pick(vecs, [lane * REP + m for lane in range(width)])
                     total = part if total is None else builder.fadd(total, part)
                 v.put(total, 0, builder.add(dst0, builder.mul(g, const(width))), NT)
                 return []
