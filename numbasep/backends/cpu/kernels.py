@@ -20,10 +20,11 @@ Two paths share every kernel:
   helpers. ``kernel_set(0, 0)`` is the generic-only set.
 
 Taps are always summed in the order (kd, kh, kw), so both paths give the same
-sums. The channels-last correlations add each product with a fused multiply-add
-(:func:`.simd.fma`, one rounding per tap; the first product is rounded alone),
-as the lane kernels of :mod:`.lanes` do, so those give the same sums too. Kernels release the GIL (``nogil=True``): Python threads may call the
-operators concurrently; each call owns its output and scratch buffers. Parallel
+sums. The correlations, in either layout, add each product with a fused
+multiply-add (:func:`.simd.fma`, one rounding per tap; the first product is
+rounded alone), as the lane, tile and plane kernels do: every route, in either
+layout, gives the same floats (tests/test_layout_bits.py). Kernels release the
+GIL (``nogil=True``): Python threads may call the operators concurrently; each call owns its output and scratch buffers. Parallel
 tasks own the outputs they write: no atomics, no races. The filter gradient sums
 per-chunk partial filters in a fixed order, with a chunking that depends on the
 problem only, never on the thread count, so results are bitwise reproducible.
@@ -167,7 +168,7 @@ def _fwd_cf_row(x, w, yrow, n, c, m, od, oh, o_lo, o_hi, sd, sh, sw, rd, rh, rw,
                 off = kw * rw - pw
                 wv = w[kd, kh, kw, c, m]
                 for ow in range(lo, hi):
-                    yrow[_u(ow)] += xrow[_u(ow * sw + off)] * wv
+                    yrow[_u(ow)] = _fma(xrow[_u(ow * sw + off)], wv, yrow[_u(ow)])
 
 
 @njit(inline="always")
@@ -249,7 +250,7 @@ def _bin_cf_row(dy, w, dxrow, n, c, m, id_, ih, i_lo, i_hi, sd, sh, sw, rd, rh, 
                     hi = OW
                 wv = w[kd, kh, kw, c, m]
                 for ow in range(lo, hi):
-                    dxrow[_u(ow * sw + off)] += dyrow[_u(ow)] * wv
+                    dxrow[_u(ow * sw + off)] = _fma(dyrow[_u(ow)], wv, dxrow[_u(ow * sw + off)])
 
 
 @njit(inline="always")
@@ -336,7 +337,7 @@ def _fwd_cf_flat(xp, w, yp, c, m, r0, r1, rh, rw, ph, pw):
                 first = False
             else:
                 for i in range(s, e):
-                    yf[_u(i)] += xf[_u(i + off)] * wv
+                    yf[_u(i)] = _fma(xf[_u(i + off)], wv, yf[_u(i)])
 
 
 @njit(inline="always")
@@ -354,7 +355,7 @@ def _fwd_cf_cols(xp, w, yrow, c, m, oh, o_lo, o_hi, rh, rw, ph, pw):
             for kw in range(KW):
                 iw = ow - pw + kw * rw
                 if 0 <= iw < W:
-                    yrow[ow] += xp[ih, iw] * w[0, kh, kw, c, m]
+                    yrow[ow] = _fma(xp[ih, iw], w[0, kh, kw, c, m], yrow[ow])
 
 
 @njit(inline="always")
@@ -374,7 +375,7 @@ def _bin_cf_cols(dy, w, dxrow, n, c, od, ih, i_lo, i_hi, rh, rw, ph, pw):
                 for kw in range(KW):
                     ow = iw + pw - kw * rw
                     if 0 <= ow < OW:
-                        dxrow[iw] += dyp[oh, ow] * w[0, kh, kw, c, m]
+                        dxrow[iw] = _fma(dyp[oh, ow], w[0, kh, kw, c, m], dxrow[iw])
 
 
 @njit(inline="always")
@@ -399,7 +400,7 @@ def _bin_cf_flat(dyp, w, dxp, c, m, r0, r1, rh, rw, ph, pw):
                 first = False
             else:
                 for i in range(s, e):
-                    dxf[_u(i)] += dyf[_u(i + off)] * wv
+                    dxf[_u(i)] = _fma(dyf[_u(i + off)], wv, dxf[_u(i)])
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -447,7 +448,7 @@ def _fwd_cf_flat_unrolled(xp, w, yp, c, m, r0, r1, rh, rw, ph, pw, KH, KW):
         for kh in range(KH):
             for kw in range(KW):
                 if kh + kw > 0:
-                    acc += xf[_u(i + base + kh * rh * W + kw * rw)] * w[0, kh, kw, c, m]
+                    acc = _fma(xf[_u(i + base + kh * rh * W + kw * rw)], w[0, kh, kw, c, m], acc)
         yf[_u(i)] = acc
 
 
@@ -467,7 +468,8 @@ def _bin_cf_flat_unrolled(dyp, w, dxp, c, r0, r1, rh, rw, ph, pw, KH, KW):
         for kh in range(KH):
             for kw in range(KW):
                 if kh + kw > 0:
-                    acc += dyf[_u(i + base - kh * rh * W - kw * rw)] * w[0, kh, kw, c, 0]
+                    acc = _fma(dyf[_u(i + base - kh * rh * W - kw * rw)], w[0, kh, kw, c, 0],
+                               acc)
         dxf[_u(i)] = acc
 
 

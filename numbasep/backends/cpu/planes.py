@@ -37,6 +37,7 @@ from numba import njit, prange
 
 from .kernels import _REDUCE_MATH, _u
 from .simd import deinterleave8
+from .simd import fma as _fma
 from .simd import tap_sums as _tap_sums
 
 # Runs are padded to a multiple of this (two 16-lane vectors): the tap sums
@@ -185,6 +186,47 @@ def _gather_plane(xp, dst, d0, H, W, cols, sh, sw, ph, pw, RQ, WQ, S):
 
 
 @njit(inline="always")
+def _unlinked(n, other, k, s, r, p, outputs):
+    """Indices along one axis with no tap linking them to the other side, after
+    their count: ``outputs``, the outputs o < n whose window (inputs o*s - p + t*r,
+    t < k) lies wholly in the padding; else the inputs i < n that no output
+    o < ``other`` reads. Their sums are empty, +0, where the phase planes hold
+    sums of the padding's zero products (-0 with a negative tap)."""
+    idx = np.empty(n + 1, np.int64)
+    count = 0
+    for i in range(n):
+        hit = False
+        for t in range(k):
+            if outputs:
+                u = i * s - p + t * r
+                hit = 0 <= u < other
+            else:
+                u = i + p - t * r
+                hit = u >= 0 and u % s == 0 and u // s < other
+            if hit:
+                break
+        if not hit:
+            count += 1
+            idx[count] = i
+    idx[0] = count
+    return idx
+
+
+@njit(inline="always")
+def _clear(dst, d0, H, W, rows, cols):
+    """Zero the rows ``rows[1 : rows[0] + 1]`` and the columns ``cols[1 : cols[0] +
+    1]`` of the row-major H x W plane at ``dst[d0]``."""
+    for j in range(1, rows[0] + 1):
+        r = d0 + rows[j] * W
+        for iw in range(W):
+            dst[_u(r + iw)] = 0
+    for ih in range(H if cols[0] > 0 else 0):
+        r = d0 + ih * W
+        for j in range(1, cols[0] + 1):
+            dst[_u(r + cols[j])] = 0
+
+
+@njit(inline="always")
 def _finite_taps(w, c):
     s = w[0, 0, c] * 0
     for kh in range(w.shape[0]):
@@ -216,6 +258,8 @@ def forward(x, w, y, sh, sw, rh, rw, ph, pw, cpt):
         xp, cols, offs = _task_scratch(x.dtype, KH, KW, W, sh, sw, rh, rw, pw, WQ, S)
         acc = np.empty(L, x.dtype)
         wv = np.empty(KH * KW, x.dtype)
+        lost_rows = _unlinked(OH, H, KH, sh, rh, ph, True)
+        lost_cols = _unlinked(OW, W, KW, sw, rw, pw, True)
         for c in range(blk * cpt, min(C, (blk + 1) * cpt)):
             copied = False
             for k in range(c * M, (c + 1) * M):
@@ -235,41 +279,55 @@ def forward(x, w, y, sh, sw, rh, rw, ph, pw, cpt):
                     r = y0 + oh * OW
                     for ow in range(OW):
                         yf[_u(r + ow)] = acc[_u(base + ow)]
+                _clear(yf, y0, OH, OW, lost_rows, lost_cols)
 
 
 @njit(inline="always")
 def _fwd_direct(x, w, y, c, sh, sw, rh, rw, ph, pw):
-    """Forward of one plane, skipping the padding (for non-finite taps)."""
+    """Forward of one plane, skipping the padding (for non-finite taps): the taps
+    inside the map in (kh, kw) order, fused from -0 (the first product rounded
+    alone), as the channels-last kernels sum them; 0 where the window holds none."""
     H, W = x.shape
     OH, OW = y.shape
+    neg0 = -np.zeros(1, y.dtype)[0]
     for oh in range(OH):
         for ow in range(OW):
-            s = 0.0
+            s = neg0
+            some = False
             for kh in range(w.shape[0]):
                 ih = oh * sh - ph + kh * rh
                 if 0 <= ih < H:
                     for kw in range(w.shape[1]):
                         iw = ow * sw - pw + kw * rw
                         if 0 <= iw < W:
-                            s += x[ih, iw] * w[kh, kw, c]
-            y[oh, ow] = s
+                            s = _fma(x[ih, iw], w[kh, kw, c], s)
+                            some = True
+            y[oh, ow] = s if some else 0
 
 
 @njit(inline="always")
 def _bin_direct(g, w, out, c, sh, sw, rh, rw, ph, pw):
-    """Input gradient of one plane, skipping the padding (for non-finite taps)."""
+    """Input gradient of one plane, skipping the padding (for non-finite taps):
+    each input cell gathers the outputs whose windows reach it, in (kh, kw)
+    order, fused from -0 as :func:`_fwd_direct`; 0 where none does."""
     H, W = out.shape
     OH, OW = g.shape
-    out[:] = 0
-    for oh in range(OH):
-        for ow in range(OW):
+    neg0 = -np.zeros(1, out.dtype)[0]
+    for ih in range(H):
+        for iw in range(W):
+            s = neg0
+            some = False
             for kh in range(w.shape[0]):
-                ih = oh * sh - ph + kh * rh
-                if 0 <= ih < H:
-                    for kw in range(w.shape[1]):
-                        iw = ow * sw - pw + kw * rw
-                        if 0 <= iw < W:
-                            out[ih, iw] += g[oh, ow] * w[kh, kw, c]
+                t = ih + ph - kh * rh
+                if t < 0 or t % sh != 0 or t // sh >= OH:
+                    continue
+                for kw in range(w.shape[1]):
+                    u = iw + pw - kw * rw
+                    if u < 0 or u % sw != 0 or u // sw >= OW:
+                        continue
+                    s = _fma(g[t // sh, u // sw], w[kh, kw, c], s)
+                    some = True
+            out[ih, iw] = s if some else 0
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -318,6 +376,10 @@ def backprop_input(dy, w, dx, sh, sw, rh, rw, ph, pw, cpt):
                 src[f, count[f]] = lead - (dr * WQ + dq) + j0
                 count[f] += 1
         wv = np.empty(KH * KW, dy.dtype)
+        # input cells no window reaches: an empty sum, +0, where the phase planes
+        # hold sums of the padding's zero products (-0 with a negative tap)
+        lost_rows = _unlinked(H, OH, KH, sh, rh, ph, False)
+        lost_cols = _unlinked(W, OW, KW, sw, rw, pw, False)
         # the gradients of output channels c*M + m, m > 0, before they are added
         more = np.empty(H * W if M > 1 else 0, dy.dtype)
         for c in range(blk * cpt, min(C, (blk + 1) * cpt)):
@@ -343,6 +405,7 @@ def backprop_input(dy, w, dx, sh, sw, rh, rw, ph, pw, cpt):
                             wv[t] = wk[which[f, t], k]
                         _tap_sums(xp, f * S + j0, gp, src[f], wv, count[f], LR)
                     _gather_plane(xp, dst, at, H, W, cols, sh, sw, ph, pw, RQ, WQ, S)
+                    _clear(dst, at, H, W, lost_rows, lost_cols)
                 if m > 0:
                     for i in range(H * W):
                         dxf[_u(d0 + i)] += more[_u(i)]

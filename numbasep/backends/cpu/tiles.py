@@ -35,7 +35,7 @@ from .kernels import UNROLLED, _REDUCE_MATH, _u
 
 #: Window shapes the tile kernels are built for (the unrolled ones of the row kernels).
 WINDOWS = UNROLLED
-from .planes import _bfil_direct, _bin_direct, _fwd_direct
+from .planes import _bfil_direct, _bin_direct, _clear, _fwd_direct, _unlinked
 from .simd import taps_dot8 as _taps_dot8
 from .simd import taps_rows as _taps_rows
 from .simd import transpose8 as _t8
@@ -229,6 +229,10 @@ def _build(KH, KW, CB, CL):
             dt = np.empty(BR * DW * CB, src.dtype)
             wt = np.empty(TAPS * CB, src.dtype)
             chk = np.empty(CB, src.dtype)
+            # cells with no taps (windows in the padding, inputs no window reads):
+            # +0, where the tile's zeros give -0 products with a negative tap
+            lost_rows = _unlinked(DH, SH, KH_, sh, rh, ph, not adjoint)
+            lost_cols = _unlinked(DW, SW, KW_, sw, rw, pw, not adjoint)
             finite = True
             for job in range(grp * jobs // groups, (grp + 1) * jobs // groups):
                 blk, n = job // N, job % N
@@ -253,6 +257,8 @@ def _build(KH, KW, CB, CL):
                                    wt, 0, KW * CB, CB, DW, KH_, cv, KW, 0, None, 1)
                     _from_tile(dt, (i1 - i0) * DW, cb, df, (n * C + c0) * DH * DW + i0 * DW,
                                DH * DW, down, CB)
+                for c in range(c0, c0 + cb if lost_rows[0] + lost_cols[0] > 0 else c0):
+                    _clear(df, (n * C + c) * DH * DW, DH, DW, lost_rows, lost_cols)
                 if finite:
                     continue
                 for c in range(c0, c0 + cb):
