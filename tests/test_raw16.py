@@ -1,9 +1,10 @@
 """16-bit operands read as bit patterns by the channels-last row and lane kernels
-(``halves.value``; the driver's ``_Launch.raw16``, 2-D 3x3 and 5x5 windows), and
-16-bit results written as bit patterns by the lane kernels (``writes16``):
-results bit for bit those of the widened-copy path, which test_keras_ops /
-test_raw_ops check against the float64 reference, on every op, stride, dilation,
-padding and multiplier; and the routes that take them."""
+(``halves.value``; the driver's ``_Launch.raw16``, 2-D 3x3 and 5x5 windows) and
+by the channels-first plane kernels (any window), and 16-bit results written as
+bit patterns by the lane and plane kernels (``writes16``): results bit for bit
+those of the widened-copy path, which test_keras_ops / test_raw_ops check
+against the float64 reference, on every op, stride, dilation, padding and
+multiplier; and the routes that take them."""
 
 import ml_dtypes
 import numpy as np
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 import numbasep as nb
 import support
-from numbasep.backends.cpu import driver, halves, lanes
+from numbasep.backends.cpu import driver, halves, kernels, lanes, planes
 
 import reference as ref
 
@@ -31,10 +32,11 @@ def row_kernels(monkeypatch):
     return _bits_switch(monkeypatch)
 
 
-def _bits_switch(monkeypatch):
+def _bits_switch(monkeypatch, taken=None):
     """switch(raw): the driver gets 16-bit bit patterns (raw) or None from
     ``halves.bits`` (then widened copies and float32 results); ``switch.seen``
-    records whether each request got bits."""
+    records whether each request got bits; ``switch.taken``: ``taken``, a spy's
+    record of the routes."""
     seen = []
     bits = halves.bits
 
@@ -44,7 +46,7 @@ def _bits_switch(monkeypatch):
             seen.append(r is not None)
             return r
         monkeypatch.setattr(halves, "bits", spy)
-    switch.seen = seen
+    switch.seen, switch.taken = seen, taken
     return switch
 
 
@@ -110,9 +112,7 @@ def lane_kernels(monkeypatch):
         taken.append(r is not None and r.writes16)
         return r
     monkeypatch.setattr(driver, "_correlation", spy)
-    switch = _bits_switch(monkeypatch)
-    switch.taken = taken
-    return switch
+    return _bits_switch(monkeypatch, taken)
 
 
 @settings(max_examples=25, deadline=None,
@@ -143,20 +143,30 @@ def test_lanes_read_and_write_bit_patterns_as_the_widened_path_rounds(lane_kerne
     except nb.InvalidArgumentError:
         return
     dy = (rng.uniform(-2, 2, out_shape) * scale).astype(dtype)
+    _assert_bits_round_as_widened(lane_kernels, dtype, lambda: _ops_with_out(x, k, dy, kw)[:3])
+
+
+def _ops_with_out(x, k, dy, kw):
+    """The forward (also into an ``out``) and both gradients."""
+    y = nb.depthwise_conv(x, k, **kw)
+    y_out = np.full(y.shape, 7, y.dtype)
+    nb.depthwise_conv(x, k, out=y_out, **kw)
+    return (y, y_out) + tuple(nb.depthwise_conv_grad(x, k, dy, **kw))
+
+
+def _assert_bits_round_as_widened(switch, dtype, run):
+    """``run()``'s results with bit patterns (the switch's routes taking them,
+    where the CPU converts this dtype) and with widened copies: the same bits."""
     got = {}
     for raw in (True, False):
-        lane_kernels.seen.clear()
-        lane_kernels.taken.clear()
-        lane_kernels(raw)
-        y = nb.depthwise_conv(x, k, **kw)
-        y_out = np.full(out_shape, 7, dtype)
-        nb.depthwise_conv(x, k, out=y_out, **kw)
-        gx = nb.depthwise_conv_grad(x, k, dy, **kw)[0]
-        got[raw] = (y, y_out, gx)
+        switch.seen.clear()
+        switch.taken.clear()
+        switch(raw)
+        got[raw] = run()
         if raw and (halves.HARDWARE_HALF or dtype != np.float16):
-            assert any(lane_kernels.seen) and all(lane_kernels.taken)
-    for name, a, b in zip(("forward", "forward into out", "input gradient"), got[True],
-                          got[False]):
+            assert any(switch.seen) and all(switch.taken)
+    for name, a, b in zip(("forward", "forward into out", "input gradient",
+                           "filter gradient"), got[True], got[False]):
         assert a.dtype == dtype and a.shape == b.shape, name
         np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), name)
 
@@ -188,8 +198,8 @@ def test_non_finite_values_read_from_bit_patterns(row_kernels, dtype):
 
 
 def test_which_routes_read_bit_patterns():
-    """The channels-last row kernels do on 3x3 and 5x5 windows; other windows, the
-    channels-first kernels, planes, tiles and lanes take widened copies."""
+    """The channels-last row kernels do on 3x3 and 5x5 windows, and the plane
+    kernels on any window; other channels-last windows take widened copies."""
     x = np.zeros((1, 40, 40, 8), np.float16)
     k = np.zeros((3, 3, 8, 1), np.float16)
     plans = []
@@ -208,4 +218,62 @@ def test_which_routes_read_bit_patterns():
         nb.depthwise_conv(x, np.zeros((2, 2, 8, 1), np.float16), 1, "same", "channels_last")
     finally:
         mp.undo()
-    assert plans == [(True, True), (False, False), (True, False)]
+    assert plans == [(True, True), (False, True), (True, False)]
+
+
+@pytest.fixture
+def plane_kernels(monkeypatch):
+    """Route every channels-first problem the plane kernels take to them (not the
+    tiles), decided afresh per call; returns the switch of :func:`row_kernels`,
+    with ``taken``: the plane kernels each call ran."""
+    monkeypatch.setattr(driver, "_filter_tile_width", lambda plan: 0)
+    monkeypatch.setattr(driver, "_tile_width", lambda plan, adjoint=False: 0)
+    support.route_afresh(monkeypatch)
+    taken = []
+    real = driver._launch
+
+    def spy(kern, *args):
+        if kern is not kernels.sum_partials:          # the filter gradient's last step
+            taken.append(kern in (planes.forward, planes.backprop_input,
+                                  planes.backprop_filter))
+        return real(kern, *args)
+    monkeypatch.setattr(driver, "_launch", spy)
+    return _bits_switch(monkeypatch, taken)
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float16", "bfloat16"])
+def test_planes_read_and_write_bit_patterns_as_the_widened_path_rounds(plane_kernels, dtype,
+                                                                       data):
+    """Channels-first 1-D and 2-D problems on the plane kernels, any window,
+    stride, dilation and multiplier: the three ops' bits those of widened copies
+    and float32 results rounded once (overflow to Inf, NaN, results near the
+    subnormal range; ``out=`` and without); non-finite taps go through the
+    direct loops, which read and round alike."""
+    rank = data.draw(st.sampled_from([1, 2, 2]), label="rank")
+    spatial = tuple(data.draw(st.integers(1, 14), label="size") for _ in range(rank))
+    ks = tuple(data.draw(st.integers(1, 5), label="window") for _ in range(rank))
+    c = data.draw(st.integers(1, 10), label="channels")
+    m = data.draw(st.sampled_from([1, 1, 2, 3]), label="multiplier")
+    padding = data.draw(st.sampled_from(["valid", "same"]), label="padding")
+    strided = data.draw(st.booleans(), label="strided")
+    strides = tuple(data.draw(st.integers(1, 3)) for _ in spatial) if strided else 1
+    dil = 1 if strided else tuple(data.draw(st.integers(1, 3)) for _ in spatial)
+    scale = data.draw(st.sampled_from([1.0, 2.0 ** -12, 2.0 ** 7]), label="scale")
+    kw = dict(strides=strides, padding=padding, data_format="channels_first",
+              dilation_rate=dil)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16), label="seed"))
+    x = (rng.uniform(-2, 2, (2, c, *spatial)) * scale).astype(dtype)
+    k = rng.uniform(-2, 2, (*ks, c, m)).astype(dtype)
+    poison = data.draw(st.sampled_from([None, "x", "k"]), label="nan")
+    if poison:
+        a = x if poison == "x" else k
+        a.reshape(-1)[rng.integers(a.size)] = np.nan
+    try:
+        out_shape = nb.depthwise_conv(x, k, **kw).shape
+    except nb.InvalidArgumentError:
+        return
+    dy = (rng.uniform(-2, 2, out_shape) * scale).astype(dtype)
+    _assert_bits_round_as_widened(plane_kernels, dtype, lambda: _ops_with_out(x, k, dy, kw))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import numbasep
-from numbasep.backends.cpu import simd
+from numbasep.backends.cpu import halves, simd
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -427,3 +427,55 @@ def test_fma_rounds_once():
     got = run(a, a, c)                       # a*a = 1 + 2**-11 + 2**-24 exactly
     assert got == np.float32(2.0 ** -24) and np.float32(a * a) + c == 0
     assert run(2.0, 3.0, 1.0) == 7.0
+
+
+@pytest.mark.parametrize("kind", ["float32", "float64", "float16 in", "bfloat16 in",
+                                  "float16 out", "bfloat16 out"])
+def test_copy_rows_widens_and_rounds_as_the_halves_do(kind):
+    """Rows shorter than, equal to and longer than a vector (whole vectors plus an
+    overlapping last one): every element copied, 16-bit bit patterns widened
+    exactly or rounded as ``halves.narrow_into`` rounds (NaN and overflow
+    included; NumPy's and ml_dtypes' casts are the reference); nothing outside
+    the rows written."""
+    @numba.njit
+    def run(dst, d0, dstep, src, s0, sstep, rows, cols):
+        simd.copy_rows(dst, d0, dstep, src, s0, sstep, rows, cols)
+
+    rng = np.random.default_rng(3)
+    half = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}.get(kind.split()[0])
+    wide = np.float64 if kind == "float64" else np.float32
+    for cols in (1, 7, 15, 16, 17, 33, 56, 64):
+        rows, sstep, dstep = 3, cols + 5, cols + 9
+        values = (rng.standard_normal(rows * sstep + 4) * 3e4).astype(wide)
+        values[::11] = np.nan
+        if half is None:
+            src, dst = values, np.full(rows * dstep + 6, -1, wide)
+            run(dst, 2, dstep, src, 0, sstep, rows, cols)
+        elif kind.endswith("in"):
+            src = values.astype(half)
+            dst = np.full(rows * dstep + 6, -1, wide)
+            run(dst, 2, dstep, halves.bits(src), 0, sstep, rows, cols)
+        else:
+            src = values
+            dst = np.full(rows * dstep + 6, -1, half)
+            run(halves.bits(dst), 2, dstep, src, 0, sstep, rows, cols)
+        want = np.full_like(dst, -1)
+        with np.errstate(over="ignore"):          # float16 overflows to Inf
+            for r in range(rows):
+                want[2 + r * dstep:2 + r * dstep + cols] = src[r * sstep:r * sstep + cols]
+        np.testing.assert_array_equal(np.asarray(dst, np.float64), np.asarray(want, np.float64))
+
+
+@pytest.mark.parametrize("bits", [np.float16, ml_dtypes.bfloat16])
+def test_deinterleave8_widens_16_bit_bit_patterns(bits):
+    @numba.njit
+    def run(src, s0, dst, d0, d1):
+        simd.deinterleave8(src, s0, dst, d0, d1)
+
+    src = (np.arange(40) * 1.25 - 7).astype(bits)
+    dst = np.full(40, -1, np.float32)
+    run(halves.bits(src), 3, dst, 1, 20)
+    want = np.full(40, -1, np.float32)
+    want[1:9] = src[3:19:2].astype(np.float32)
+    want[20:28] = src[4:19:2].astype(np.float32)
+    np.testing.assert_array_equal(dst, want)

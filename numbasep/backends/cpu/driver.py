@@ -426,7 +426,8 @@ def _correlation(plan, adjoint):
             kern = planes.backprop_input if adjoint else planes.forward
             params = _plane_params(plan)
         taps = (plan.kernel[1], plan.kernel[2], plan.channels)
-        return _Launch(kern, (_plane_shape(plan, data), taps, _plane_shape(plan, res)), params)
+        return _Launch(kern, (_plane_shape(plan, data), taps, _plane_shape(plan, res)), params,
+                       raw16=not width, writes16=not width)
     if _transpose_pays(plan):
         return None
     five = (plan.input_shape5, plan.output_shape5)
@@ -542,10 +543,12 @@ def _multiplier_plane_route(plan, op):
         chunks = kernels.partial_chunks(plan.batch, kh * kw * cm)
         return _Launch(planes.backprop_filter,
                        (xs, ys, (chunks, kh, kw, cm), (chunks,) + plan.filter_shape5),
-                       _plane_params(plan))
+                       _plane_params(plan), raw16=True)
     if op == "input_gradient":
-        return _Launch(planes.backprop_input, (ys, (kh, kw, cm), xs), _plane_params(plan))
-    return _Launch(planes.forward, (xs, (kh, kw, cm), ys), _plane_params(plan))
+        return _Launch(planes.backprop_input, (ys, (kh, kw, cm), xs), _plane_params(plan),
+                       raw16=True, writes16=True)
+    return _Launch(planes.forward, (xs, (kh, kw, cm), ys), _plane_params(plan), raw16=True,
+                   writes16=True)
 
 
 def _multiplier_launch(plan, name, data, result, result_plan):
@@ -604,7 +607,8 @@ def _filter_gradient_route(plan):
             kern, params = planes.backprop_filter, _plane_params(plan)
         return _Launch(kern, (_plane_shape(plan, plan.in_sizes),
                               _plane_shape(plan, plan.out_sizes),
-                              (chunks, kh, kw, c), (chunks, 1, kh, kw, c, 1)), params)
+                              (chunks, kh, kw, c), (chunks, 1, kh, kw, c, 1)), params,
+                       raw16=not width)
     ks = kernels.for_plan(plan)
     fsize = plan.kernel[0] * plan.kernel[1] * plan.kernel[2] * plan.channels * plan.multiplier
     if not plan.channels_last:

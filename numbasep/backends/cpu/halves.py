@@ -111,6 +111,23 @@ def _value(v):
     return lambda v: v
 
 
+def stored(v, a):
+    """The float ``v`` as array ``a`` holds it: rounded to a 16-bit bit pattern
+    when ``a`` holds those (``uint16`` bfloat16, ``int16`` float16; as
+    :func:`narrow_into` rounds), else as it is. (The scalar twin of the register
+    kernels' 16-bit stores.)"""
+    return v
+
+
+@overload(stored)
+def _stored(v, a):
+    if a.dtype == types.uint16:
+        return lambda v, a: np.uint16(_bf16_bits(_float_bits(np.float32(v))))
+    if a.dtype == types.int16:
+        return lambda v, a: np.int16(_bits_to_half(_float_bits(np.float32(v))))
+    return lambda v, a: v
+
+
 def bits(a):
     """A C-contiguous bfloat16 / float16 array as the bit patterns :func:`value`
     reads (``uint16`` / ``int16``), a view; None for any other dtype, or for

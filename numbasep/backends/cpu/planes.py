@@ -24,6 +24,15 @@ four vectors of sums in registers through all the taps (:func:`.simd.tap_sums`,
 after every third tap: 10-15 % faster, 1 thread, N=8 56x56x144 3.11 -> 2.79 ms);
 the filter gradient walks its runs in L1-sized chunks.
 
+16-bit operands reach these kernels as their bit patterns (:func:`.halves.value`)
+and are widened as they are copied into the scratch; 16-bit results are rounded
+as they are copied out (:func:`.simd.copy_rows`, :func:`.halves.stored`). The
+widened copies and the rounding pass this saves had cost as much as the
+convolution: 1 thread, NCHW, bits / widened copies (ms): N=8 56x56x144 float16
+forward 2.52 / 5.16, input gradient 2.88 / 6.36, filter gradient 3.03 / 7.61;
+N=32 28x28x240 5x5 forward 8.7 / 15.7 (``benchmarks/layout_ratio.py --batch
+8,32 --threads 1 --rounds 3 --case f16``).
+
 These kernels serve 1-D and 2-D problems whose plane fits the scratch limit of
 the driver; the row kernels of :mod:`.kernels` serve the rest. A depth
 multiplier M's input plane is copied once for its M output planes (the input
@@ -35,7 +44,10 @@ there.
 import numpy as np
 from numba import njit, prange
 
+from .halves import stored as _stored
+from .halves import value as _val
 from .kernels import _REDUCE_MATH, _u
+from .simd import copy_rows as _copy_rows
 from .simd import deinterleave8
 from .simd import fma as _fma
 from .simd import tap_sums as _tap_sums
@@ -105,12 +117,8 @@ def _scatter_plane(src, s0, H, W, xp, cols, sh, sw, ph, pw, RQ, WQ, S):
     Every plane of a problem fills the same cells, so the padding cells, zeroed
     once per task, stay zero. (Flat offsets, not row views: a view per row costs
     more than a 7-element row.)"""
-    if sh == 1 and sw == 1:            # the common case, kept to the simplest loop
-        for ih in range(min(H, RQ - ph)):
-            r = s0 + ih * W
-            d = (ih + ph) * WQ + pw
-            for iw in range(min(W, WQ - pw)):
-                xp[_u(d + iw)] = src[_u(r + iw)]
+    if sh == 1 and sw == 1:            # the common case: whole rows as vectors
+        _copy_rows(xp, ph * WQ + pw, WQ, src, s0, W, min(H, RQ - ph), min(W, WQ - pw))
         return
     a, rr = ph % sh, ph // sh          # phase and phase-plane row of input row 0
     for ih in range(H):
@@ -120,7 +128,7 @@ def _scatter_plane(src, s0, H, W, xp, cols, sh, sw, ph, pw, RQ, WQ, S):
         d = a * sw * S + rr * WQ
         if sw == 1:
             for q in range(cols[0, 0], cols[0, 1]):
-                xp[_u(d + q)] = src[_u(r + q)]
+                xp[_u(d + q)] = _val(src[_u(r + q)])
         elif sw == 2:
             lo0, hi0, lo1, hi1 = cols[0, 0], cols[0, 1], cols[1, 0], cols[1, 1]
             lo, hi = max(lo0, lo1), min(hi0, hi1)
@@ -131,23 +139,23 @@ def _scatter_plane(src, s0, H, W, xp, cols, sh, sw, ph, pw, RQ, WQ, S):
                     deinterleave8(src, r + 2 * q, xp, d + q, d1 + q)
                     q += 8
                 for q in range(q, hi):
-                    xp[_u(d + q)] = src[_u(r + 2 * q)]
-                    xp[_u(d1 + q)] = src[_u(r + 2 * q + 1)]
+                    xp[_u(d + q)] = _val(src[_u(r + 2 * q)])
+                    xp[_u(d1 + q)] = _val(src[_u(r + 2 * q + 1)])
             else:
                 lo, hi = hi0, hi0
             for q in range(lo0, min(lo, hi0)):
-                xp[_u(d + q)] = src[_u(r + 2 * q)]
+                xp[_u(d + q)] = _val(src[_u(r + 2 * q)])
             for q in range(max(hi, lo0), hi0):
-                xp[_u(d + q)] = src[_u(r + 2 * q)]
+                xp[_u(d + q)] = _val(src[_u(r + 2 * q)])
             for q in range(lo1, min(lo, hi1)):
-                xp[_u(d1 + q)] = src[_u(r + 2 * q + 1)]
+                xp[_u(d1 + q)] = _val(src[_u(r + 2 * q + 1)])
             for q in range(max(hi, lo1), hi1):
-                xp[_u(d1 + q)] = src[_u(r + 2 * q + 1)]
+                xp[_u(d1 + q)] = _val(src[_u(r + 2 * q + 1)])
         else:
             for b in range(sw):
                 db = d + b * S
                 for q in range(cols[b, 0], cols[b, 1]):
-                    xp[_u(db + q)] = src[_u(r + q * sw + b)]
+                    xp[_u(db + q)] = _val(src[_u(r + q * sw + b)])
         a += 1
         if a == sh:
             a = 0
@@ -159,13 +167,12 @@ def _gather_plane(xp, dst, d0, H, W, cols, sh, sw, ph, pw, RQ, WQ, S):
     """The inverse of :func:`_scatter_plane`: phase planes back into the plane
     ``dst[d0 : d0 + H*W]``; input cells no window reaches get 0."""
     if sh == 1 and sw == 1:
+        rows = max(0, min(H, RQ - ph))
+        n = max(0, min(W, WQ - pw))
+        _copy_rows(dst, d0, W, xp, ph * WQ + pw, WQ, rows, n)
         for ih in range(H):
             r = d0 + ih * W
-            n = min(W, WQ - pw) if ih + ph < RQ else 0
-            d = (ih + ph) * WQ + pw
-            for iw in range(n):
-                dst[_u(r + iw)] = xp[_u(d + iw)]
-            for iw in range(n, W):
+            for iw in range(n if ih < rows else 0, W):
                 dst[_u(r + iw)] = 0
         return
     a, rr = ph % sh, ph // sh
@@ -178,7 +185,7 @@ def _gather_plane(xp, dst, d0, H, W, cols, sh, sw, ph, pw, RQ, WQ, S):
             for b in range(sw):
                 db = d + b * S
                 for q in range(cols[b, 0], cols[b, 1]):
-                    dst[_u(r + q * sw + b - pw)] = xp[_u(db + q)]
+                    dst[_u(r + q * sw + b - pw)] = _stored(xp[_u(db + q)], dst)
         a += 1
         if a == sh:
             a = 0
@@ -255,9 +262,9 @@ def forward(x, w, y, sh, sw, rh, rw, ph, pw, cpt):
     nblk = (C + cpt - 1) // cpt
     for job in prange(N * nblk):
         n, blk = job // nblk, job % nblk
-        xp, cols, offs = _task_scratch(x.dtype, KH, KW, W, sh, sw, rh, rw, pw, WQ, S)
-        acc = np.empty(L, x.dtype)
-        wv = np.empty(KH * KW, x.dtype)
+        xp, cols, offs = _task_scratch(w.dtype, KH, KW, W, sh, sw, rh, rw, pw, WQ, S)
+        acc = np.empty(L, w.dtype)
+        wv = np.empty(KH * KW, w.dtype)
         lost_rows = _unlinked(OH, H, KH, sh, rh, ph, True)
         lost_cols = _unlinked(OW, W, KW, sw, rw, pw, True)
         for c in range(blk * cpt, min(C, (blk + 1) * cpt)):
@@ -274,11 +281,7 @@ def forward(x, w, y, sh, sw, rh, rw, ph, pw, cpt):
                     wv[t] = wk[t, k]
                 _tap_sums(acc, 0, xp, offs, wv, KH * KW, L)
                 y0 = (n * CM + k) * OH * OW
-                for oh in range(OH):
-                    base = oh * WQ
-                    r = y0 + oh * OW
-                    for ow in range(OW):
-                        yf[_u(r + ow)] = acc[_u(base + ow)]
+                _copy_rows(yf, y0, OW, acc, 0, WQ, OH, OW)
                 _clear(yf, y0, OH, OW, lost_rows, lost_cols)
 
 
@@ -289,7 +292,7 @@ def _fwd_direct(x, w, y, c, sh, sw, rh, rw, ph, pw):
     alone), as the channels-last kernels sum them; 0 where the window holds none."""
     H, W = x.shape
     OH, OW = y.shape
-    neg0 = -np.zeros(1, y.dtype)[0]
+    neg0 = -np.zeros(1, w.dtype)[0]
     for oh in range(OH):
         for ow in range(OW):
             s = neg0
@@ -300,9 +303,9 @@ def _fwd_direct(x, w, y, c, sh, sw, rh, rw, ph, pw):
                     for kw in range(w.shape[1]):
                         iw = ow * sw - pw + kw * rw
                         if 0 <= iw < W:
-                            s = _fma(x[ih, iw], w[kh, kw, c], s)
+                            s = _fma(_val(x[ih, iw]), w[kh, kw, c], s)
                             some = True
-            y[oh, ow] = s if some else 0
+            y[oh, ow] = _stored(s if some else s - s, y)
 
 
 @njit(inline="always")
@@ -312,7 +315,7 @@ def _bin_direct(g, w, out, c, sh, sw, rh, rw, ph, pw):
     order, fused from -0 as :func:`_fwd_direct`; 0 where none does."""
     H, W = out.shape
     OH, OW = g.shape
-    neg0 = -np.zeros(1, out.dtype)[0]
+    neg0 = -np.zeros(1, w.dtype)[0]
     for ih in range(H):
         for iw in range(W):
             s = neg0
@@ -325,9 +328,9 @@ def _bin_direct(g, w, out, c, sh, sw, rh, rw, ph, pw):
                     u = iw + pw - kw * rw
                     if u < 0 or u % sw != 0 or u // sw >= OW:
                         continue
-                    s = _fma(g[t // sh, u // sw], w[kh, kw, c], s)
+                    s = _fma(_val(g[t // sh, u // sw]), w[kh, kw, c], s)
                     some = True
-            out[ih, iw] = s if some else 0
+            out[ih, iw] = _stored(s if some else s - s, out)
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -358,8 +361,8 @@ def backprop_input(dy, w, dx, sh, sw, rh, rw, ph, pw, cpt):
     nblk = (C + cpt - 1) // cpt
     for job in prange(N * nblk):
         n, blk = job // nblk, job % nblk
-        xp = np.empty(sh * sw * S, dy.dtype)
-        gp = np.zeros(lead + LJ + _VEC, dy.dtype)   # columns past OW stay 0
+        xp = np.empty(sh * sw * S, w.dtype)
+        gp = np.zeros(lead + LJ + _VEC, w.dtype)    # columns past OW stay 0
         cols = np.empty((sw, 2), np.int64)
         _phase_cols(cols, sw, pw, W, WQ)
         # taps grouped by phase: which taps, and their source offsets into gp
@@ -375,40 +378,49 @@ def backprop_input(dy, w, dx, sh, sw, rh, rw, ph, pw, cpt):
                 which[f, count[f]] = kh * KW + kw
                 src[f, count[f]] = lead - (dr * WQ + dq) + j0
                 count[f] += 1
-        wv = np.empty(KH * KW, dy.dtype)
+        wv = np.empty(KH * KW, w.dtype)
         # input cells no window reaches: an empty sum, +0, where the phase planes
         # hold sums of the padding's zero products (-0 with a negative tap)
         lost_rows = _unlinked(H, OH, KH, sh, rh, ph, False)
         lost_cols = _unlinked(W, OW, KW, sw, rw, pw, False)
-        # the gradients of output channels c*M + m, m > 0, before they are added
-        more = np.empty(H * W if M > 1 else 0, dy.dtype)
+        geo = (H, W, OH, OW, sh, sw, rh, rw, ph, pw, RQ, WQ, S, lead, j0, LR)
+        # depth multiplier M > 1: the M output channels' gradients summed in order
+        # of m (as if the input were repeated in memory), the last sum stored
+        total = np.empty(H * W if M > 1 else 0, w.dtype)
+        more = np.empty(H * W if M > 1 else 0, w.dtype)
         for c in range(blk * cpt, min(C, (blk + 1) * cpt)):
             d0 = (n * C + c) * H * W
+            if M == 1:
+                _bin_plane(dy, dyf, w, wk, n, c, gp, xp, wv, count, which, src, cols,
+                           lost_rows, lost_cols, dxf, d0, geo)
+                continue
             for m in range(M):
-                k = c * M + m
-                if m == 0:
-                    dst, at = dxf, d0
-                else:
-                    dst, at = more, 0
-                if not _finite_taps(w, k):
-                    _bin_direct(dy[n, k], w, dst[at:at + H * W].reshape(H, W), k, sh, sw, rh,
-                                rw, ph, pw)
-                else:
-                    g0 = (n * CM + k) * OH * OW
-                    for oh in range(OH):
-                        base = lead + oh * WQ
-                        r = g0 + oh * OW
-                        for ow in range(OW):
-                            gp[_u(base + ow)] = dyf[_u(r + ow)]
-                    for f in range(nph):
-                        for t in range(count[f]):
-                            wv[t] = wk[which[f, t], k]
-                        _tap_sums(xp, f * S + j0, gp, src[f], wv, count[f], LR)
-                    _gather_plane(xp, dst, at, H, W, cols, sh, sw, ph, pw, RQ, WQ, S)
-                    _clear(dst, at, H, W, lost_rows, lost_cols)
-                if m > 0:
+                _bin_plane(dy, dyf, w, wk, n, c * M + m, gp, xp, wv, count, which, src, cols,
+                           lost_rows, lost_cols, total if m == 0 else more, 0, geo)
+                if m == M - 1:
                     for i in range(H * W):
-                        dxf[_u(d0 + i)] += more[_u(i)]
+                        dxf[_u(d0 + i)] = _stored(total[_u(i)] + more[_u(i)], dxf)
+                elif m > 0:
+                    for i in range(H * W):
+                        total[_u(i)] += more[_u(i)]
+
+
+@njit(inline="always")
+def _bin_plane(dy, dyf, w, wk, n, k, gp, xp, wv, count, which, src, cols, lost_rows, lost_cols,
+               dst, at, geo):
+    """Output channel k's input gradient of image n, into the plane at ``dst[at]``
+    (see :func:`backprop_input`)."""
+    H, W, OH, OW, sh, sw, rh, rw, ph, pw, RQ, WQ, S, lead, j0, LR = geo
+    if not _finite_taps(w, k):
+        _bin_direct(dy[n, k], w, dst[at:at + H * W].reshape(H, W), k, sh, sw, rh, rw, ph, pw)
+        return
+    _copy_rows(gp, lead, WQ, dyf, (n * dy.shape[1] + k) * OH * OW, OW, OH, OW)
+    for f in range(sh * sw):
+        for t in range(count[f]):
+            wv[t] = wk[which[f, t], k]
+        _tap_sums(xp, f * S + j0, gp, src[f], wv, count[f], LR)
+    _gather_plane(xp, dst, at, H, W, cols, sh, sw, ph, pw, RQ, WQ, S)
+    _clear(dst, at, H, W, lost_rows, lost_cols)
 
 
 @njit(parallel=True, nogil=True, cache=True, fastmath=_REDUCE_MATH)
@@ -433,10 +445,10 @@ def backprop_filter(x, dy, parts, sh, sw, rh, rw, ph, pw, cpt):
     nblk = (C + cpt - 1) // cpt
     for job in prange(P * nblk):
         p, blk = job // nblk, job % nblk
-        xp, cols, offs = _task_scratch(x.dtype, KH, KW, W, sh, sw, rh, rw, pw, WQ, S)
-        gp = np.zeros(L, x.dtype)
-        sums = np.empty((M, KH * KW), x.dtype)
-        one = np.empty(KH * KW, x.dtype)
+        xp, cols, offs = _task_scratch(parts.dtype, KH, KW, W, sh, sw, rh, rw, pw, WQ, S)
+        gp = np.zeros(L, parts.dtype)
+        sums = np.empty((M, KH * KW), parts.dtype)
+        one = np.empty(KH * KW, parts.dtype)
         for c in range(blk * cpt, min(C, (blk + 1) * cpt)):
             sums[:] = 0
             for n in range(p * N // P, (p + 1) * N // P):
@@ -458,12 +470,7 @@ def _bfil_plane(x, dy, dyf, xp, gp, offs, one, acc, n, c, k, L, KH, KW, sh, sw, 
     its plane already in ``xp``) into ``acc``."""
     OH, OW = dy.shape[2], dy.shape[3]
     WQ = OW + ((KW - 1) * rw) // sw
-    g0 = (n * dy.shape[1] + k) * OH * OW
-    for oh in range(OH):
-        base = oh * WQ
-        r = g0 + oh * OW
-        for ow in range(OW):
-            gp[_u(base + ow)] = dyf[_u(r + ow)]
+    _copy_rows(gp, 0, WQ, dyf, (n * dy.shape[1] + k) * OH * OW, OW, OH, OW)
     one[:] = 0
     for i0 in range(0, L, _CHUNK):
         i1 = min(L, i0 + _CHUNK)
@@ -501,5 +508,5 @@ def _bfil_direct(xs, g, acc, KH, KW, sh, sw, rh, rw, ph, pw):
                     for ow in range(OW):
                         iw = ow * sw - pw + kw * rw
                         if 0 <= iw < W:
-                            s += xs[ih, iw] * g[oh, ow]
+                            s += _val(xs[ih, iw]) * _val(g[oh, ow])
             acc[kh * KW + kw] += s

@@ -83,23 +83,21 @@ _ODD = _mask(*range(1, 16, 2))
 @intrinsic
 def deinterleave8(typingctx, src, s0, dst, d0, d1):
     """``dst[d0 : d0+8] = src[s0 : s0+16 : 2]`` and ``dst[d1 : d1+8] = src[s0+1 : s0+16 : 2]``:
-    two vector loads, two shuffles, two stores (the loop vectoriser leaves this
-    stride-2 split scalar)."""
+    one load of 16 elements (16-bit bit patterns widened as loaded, as
+    :func:`.halves.value` reads them), two shuffles, two stores (the loop
+    vectoriser leaves this stride-2 split scalar)."""
+    if dst.dtype not in (types.float32, types.float64) or (
+            src.dtype != dst.dtype and src.dtype not in (types.uint16, types.int16)):
+        return None
     sig = types.void(src, s0, dst, d0, d1)
 
     def codegen(context, builder, signature, args):
-        srcv, s0v, dstv, d0v, d1v = args
-        sary = context.make_array(signature.args[0])(context, builder, srcv)
-        dary = context.make_array(signature.args[2])(context, builder, dstv)
-        elt = context.get_data_type(signature.args[0].dtype)
-        align = context.get_abi_sizeof(elt)
-        ptr = builder.bitcast(builder.gep(sary.data, [s0v]), ir.VectorType(elt, 16).as_pointer())
-        v = builder.load(ptr, align=align)
+        _, s0v, _, d0v, d1v = args
+        wide = _Lanes(context, builder, signature, args, 16, floats=2)
+        half = _Lanes(context, builder, signature, args, 8, floats=2)
+        v = wide.value(0, s0v)
         for off, mask in ((d0v, _EVEN), (d1v, _ODD)):
-            half = builder.shuffle_vector(v, v, mask)
-            out = builder.gep(dary.data, [off])
-            builder.store(half, builder.bitcast(out, ir.VectorType(elt, 8).as_pointer()),
-                          align=align)
+            half.store(builder.shuffle_vector(v, v, mask), 2, off)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -989,3 +987,57 @@ def tap_sums(typingctx, dst, d0, src, offs, wv, ntaps, length):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@intrinsic
+def copy_rows(typingctx, dst, d0, dstep, src, s0, sstep, rows, cols):
+    """``dst[d0 + r*dstep + j] = src[s0 + r*sstep + j]`` for r < ``rows`` and
+    j < ``cols``: 16-bit bit patterns (:func:`.halves.value`) widened as read and
+    rounded as written (:meth:`_Lanes.put`), floats copied. The plane kernels'
+    copies between an operand and a padded scratch, whose rows (7 to 112 elements
+    on the suite) the loop vectoriser left scalar: whole vectors, then one vector
+    ending at the row's end (its overlap rewrites the same values); a row shorter
+    than a vector element by element. dst and src must not overlap."""
+    floats = [t for t in (dst, src) if t.dtype in (types.float32, types.float64)]
+    if not floats or any(t.dtype != floats[0].dtype for t in floats):
+        return None
+    sig = types.void(dst, d0, dstep, src, s0, sstep, rows, cols)
+
+    def codegen(context, builder, signature, args):
+        _, d0v, dstepv, _, s0v, sstepv, rowsv, colsv = args
+        at = 0 if signature.args[0].dtype in (types.float32, types.float64) else 3
+        width = WIDE // 2 if floats[0].dtype == types.float64 else WIDE
+        ity = ir.IntType(64)
+        d0v, dstepv, s0v, sstepv, rowsv, colsv = (
+            context.cast(builder, a, t, types.int64) for a, t in zip(
+                (d0v, dstepv, s0v, sstepv, rowsv, colsv),
+                [signature.args[i] for i in (1, 2, 4, 5, 6, 7)]))
+        vec = _Lanes(context, builder, signature, args, width, floats=at)
+        one = _Lanes(context, builder, signature, args, 1, floats=at)
+
+        def const(i):
+            return ir.Constant(ity, i)
+
+        def row(r, _):
+            s = builder.add(s0v, builder.mul(r, sstepv))
+            d = builder.add(d0v, builder.mul(r, dstepv))
+
+            def move(lanes, j):
+                lanes.put(lanes.value(3, builder.add(s, j)), 0, builder.add(d, j))
+                return []
+            with builder.if_else(builder.icmp_signed(">=", colsv, const(width))) as (wide, short):
+                with wide:
+                    whole = builder.sdiv(colsv, const(width))
+                    vec.loop(whole, [], lambda k, _: move(vec, builder.mul(k, const(width))))
+                    with builder.if_then(builder.icmp_signed(
+                            ">", builder.srem(colsv, const(width)), const(0))):
+                        move(vec, builder.sub(colsv, const(width)))
+                with short:
+                    one.loop(colsv, [], lambda k, _: move(one, k))
+            return []
+
+        vec.loop(rowsv, [], row)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
