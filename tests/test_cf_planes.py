@@ -24,13 +24,15 @@ BF = numbasep.depthwise_conv2d_native_backprop_filter
 
 
 @st.composite
-def problems(draw):
-    n = draw(st.integers(1, 3))
-    c = draw(st.integers(1, 11))
-    h, w = draw(st.integers(1, 13)), draw(st.integers(1, 13))
-    kh, kw = draw(st.integers(1, 5)), draw(st.integers(1, 5))
-    sh, sw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
-    rh, rw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+def problems(draw, batch=(1, 3), channels=(1, 11), sides=(1, 13), windows=(1, 5),
+             strides=(1, 4), dilations=(1, 3)):
+    """An NCHW problem, each size drawn from its (low, high) range."""
+    n = draw(st.integers(*batch))
+    c = draw(st.integers(*channels))
+    h, w = draw(st.integers(*sides)), draw(st.integers(*sides))
+    kh, kw = draw(st.integers(*windows)), draw(st.integers(*windows))
+    sh, sw = draw(st.integers(*strides)), draw(st.integers(*strides))
+    rh, rw = draw(st.integers(*dilations)), draw(st.integers(*dilations))
     attrs = support.draw_padding(draw, h, w, kh, kw, sh, sw, rh, rw)
     return (n, c, h, w), (kh, kw, c, 1), attrs
 
@@ -49,8 +51,15 @@ def _taken(monkeypatch):
     return seen
 
 
-@settings(max_examples=60, deadline=None)
-@given(problems(), st.sampled_from([np.float32, np.float64]))
+# Besides small problems: planes whose tap sums run in several pieces
+# (planes._PIECE elements each), each piece copying in the input rows it reads and
+# copying out the rows it completed; 2 x 9 planes, so that every task reuses its
+# scratch for more than one plane and a row copied in too late would be read
+# from the plane before.
+@settings(max_examples=90, deadline=None)
+@given(problems() | problems(batch=(2, 2), channels=(9, 9), sides=(24, 64), windows=(1, 7),
+                             strides=(1, 3), dilations=(1, 2)),
+       st.sampled_from([np.float32, np.float64]))
 def test_all_three_ops_match_the_reference(problem, dtype):
     xs, fs, attrs = problem
     support.assert_three_ops_match_the_reference(xs, fs, attrs, dtype)
@@ -175,9 +184,12 @@ def test_filter_gradient_independent_of_thread_count():
     assert len(got) == 1
 
 
-def test_channels_per_task_covers_small_and_large_planes():
-    assert planes.plane_channels(49) > 1
-    assert planes.plane_channels(147 * 147) == 1
+def test_24x24_planes_take_the_plane_kernels_in_several_pieces(monkeypatch):
+    seen = _taken(monkeypatch)
+    x = np.ones((2, 9, 24, 24), np.float32)
+    F(x, np.ones((1, 1, 9, 1), np.float32), [1, 1, 1, 1], "VALID", data_format="NCHW")
+    assert seen and all(seen)
+    assert 24 * 24 >= 2 * planes._PIECE      # a 1x1 window's tap sums: two pieces
 
 
 @settings(max_examples=40, deadline=None)

@@ -362,7 +362,7 @@ def _plane_shape(plan, sizes):
 
 def _plane_params(plan):
     return (plan.strides[1], plan.strides[2], plan.dilations[1], plan.dilations[2],
-            plan.pads[1], plan.pads[2], planes.plane_channels(plan.in_sizes[1] * plan.in_sizes[2]))
+            plan.pads[1], plan.pads[2])
 
 
 # -- routing: which kernel computes a plan's primitive, decided once per plan
