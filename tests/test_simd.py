@@ -452,7 +452,8 @@ def test_copy_rows_widens_and_rounds_as_the_halves_do(kind):
             src, dst = values, np.full(rows * dstep + 6, -1, wide)
             run(dst, 2, dstep, src, 0, sstep, rows, cols)
         elif kind.endswith("in"):
-            src = values.astype(half)
+            with np.errstate(over="ignore"):      # float16 overflows to Inf
+                src = values.astype(half)
             dst = np.full(rows * dstep + 6, -1, wide)
             run(dst, 2, dstep, halves.bits(src), 0, sstep, rows, cols)
         else:

@@ -673,7 +673,7 @@ def _build(KH, KW):
     @njit(parallel=True, nogil=True, cache=True, fastmath=_REDUCE_MATH)
     def backprop_filter_cf(x, dy, parts, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         N, C, D, H, W = x.shape
-        P, KD, M = parts.shape[0], parts.shape[1], parts.shape[5]
+        P, M = parts.shape[0], parts.shape[5]
         _, CM, OD, OH, OW = dy.shape
         # parts[p] holds the sum over batch chunk p; one task per (chunk, channel).
         for job in prange(P * C):
