@@ -30,6 +30,12 @@ channels in registers for their output channels; the stride-1 input gradient
 takes them too, computing each row's gradient of the repeated input in a
 scratch row and summing its groups of channels from there.
 
+``separable_forward`` fuses the forward with a separable convolution's
+pointwise step: each part of the rows computes a few depthwise rows into a
+scratch row of its own, then their pointwise sums from there
+(:func:`.simd.pointwise_rows`), so the depthwise result is never written to
+memory.
+
 16-bit operands are read as their bit patterns and 16-bit results written as
 theirs (the driver's ``raw16`` / ``writes16``): every result element is stored
 once, so it can be rounded as it is stored.
@@ -47,6 +53,7 @@ from .simd import BLOCK as _BLOCK
 from .simd import WIDE as _WIDE
 from .simd import dots_rows as _dots_rows
 from .simd import dots_window as _dots_window
+from .simd import pointwise_rows as _pointwise_rows
 from .simd import sfence as _sfence
 from .simd import sum_groups as _sum_groups
 from .simd import taps_rows as _taps_rows
@@ -257,6 +264,44 @@ def _pixel(dst, d0, src, s0, rowstep, colstep, wt, w0, wrow, wstep, C, rows, col
     _taps_window(dst, d0, src, s0, rowstep, colstep, wt, w0, wrow, wstep, rows, cols, C, NT)
 
 
+# A call, not inlined: Numba's array analysis of the parallel kernels failed
+# (IndexError) on the nested tuple an inlined version returns.
+@njit(nogil=True, cache=True)
+def _forward_columns(OW, W, CI, C, sw, rw, pw, KW, M):
+    """(lo, hi, edges): the forward's output columns [lo, hi) computed in blocks,
+    and the edges of the map those blocks mask (:func:`.simd.taps_rows`). Depth
+    multiplier M above 1: every column with a tap inside, in masked blocks."""
+    if M == 1:
+        lo, hi = _run(OW, -pw, sw, rw, KW, W, C)
+    else:
+        lo, hi = _span(OW, -pw, sw, rw, KW, W, 1)
+    return lo, hi, (lo * sw - pw, sw, rw, W, CI)
+
+
+@njit(inline="always")
+def _forward_row(dst, d0, xf, wt, job, H, W, CI, C, OH, OW, KH, KW, sh, sw, rh, rw, ph, pw, lo,
+                 hi, edges, NT, M):
+    """The forward's output row ``job`` (image n, row oh) at ``dst[d0]``: pixels
+    [lo, hi) in blocks (:func:`_row`), the others one at a time."""
+    n, oh = _split(job, OH)
+    ih0 = oh * sh - ph
+    k0, k1 = _taps_inside(ih0, rh, KH, H)
+    s0 = ((n * H + ih0) * W + lo * sw - pw) * CI
+    if lo < hi:
+        _row(dst, d0 + lo * C, xf, s0, sw * CI, W * rh * CI, rw * CI, wt, C, hi - lo, k0, k1,
+             KW, NT, edges, M)
+    # the columns whose window the sides cut
+    for i in range(lo + OW - hi):
+        ow = _side(i, lo, hi)
+        if M > 1:       # none of their taps inside (the others are in blocks)
+            dst[d0 + ow * C:d0 + (ow + 1) * C] = 0
+            continue
+        iw0 = ow * sw - pw
+        j0, j1 = _taps_inside(iw0, rw, KW, W)
+        _pixel(dst, d0 + ow * C, xf, ((n * H + ih0 + k0 * rh) * W + iw0 + j0 * rw) * C,
+               W * rh * C, rw * C, wt, (k0 * KW + j0) * C, KW * C, C, C, k1 - k0, j1 - j0, NT)
+
+
 @njit(inline="always")
 def _side(i, a, b):
     """The i-th column outside [a, b) of a row."""
@@ -319,38 +364,48 @@ def _build(KH, KW, NT, M):
         pixels whose window a side cuts are computed in masked blocks."""
         N, D, H, W, CI = x.shape
         _, OD, OH, OW, C = y.shape
-        if M == 1:
-            lo, hi = _run(OW, -pw, sw, rw, KW, W, C)
-        else:
-            lo, hi = _span(OW, -pw, sw, rw, KW, W, 1)
-        edges = (lo * sw - pw, sw, rw, W, CI)
+        lo, hi, edges = _forward_columns(OW, W, CI, C, sw, rw, pw, KW, M)
         wt = w.reshape(w.size)
         xf = x.reshape(N * D * H * W * CI)
         yf = y.reshape(N * OD * OH * OW * C)
         jobs, parts = _parts(N * OH)
         for part in prange(parts):
             for job in range(*_part(part, parts, jobs)):
-                n, oh = _split(job, OH)
-                row = job
-                ih0 = oh * sh - ph
-                k0, k1 = _taps_inside(ih0, rh, KH, H)
-                s0 = ((n * H + ih0) * W + lo * sw - pw) * CI
-                if lo < hi:
-                    _row(yf, (row * OW + lo) * C, xf, s0, sw * CI, W * rh * CI, rw * CI, wt, C,
-                         hi - lo, k0, k1, KW, NT, edges, M)
-                # the columns whose window the sides cut
-                for i in range(lo + OW - hi):
-                    ow = _side(i, lo, hi)
-                    if M > 1:       # none of their taps inside (the others are in blocks)
-                        yf[(row * OW + ow) * C:(row * OW + ow + 1) * C] = 0
-                        continue
-                    iw0 = ow * sw - pw
-                    j0, j1 = _taps_inside(iw0, rw, KW, W)
-                    _pixel(yf, (row * OW + ow) * C, xf,
-                           ((n * H + ih0 + k0 * rh) * W + iw0 + j0 * rw) * C, W * rh * C,
-                           rw * C, wt, (k0 * KW + j0) * C, KW * C, C, C, k1 - k0, j1 - j0, NT)
+                _forward_row(yf, job * OW * C, xf, wt, job, H, W, CI, C, OH, OW, KH, KW, sh, sw,
+                             rh, rw, ph, pw, lo, hi, edges, NT, M)
             if NT:
                 _sfence()
+
+    @njit(parallel=True, nogil=True, cache=True)
+    def separable_forward(x, w, pk, y, z, sd, sh, sw, rd, rh, rw, pd, ph, pw, vecs):
+        """:func:`forward` followed by a pointwise (1x1) convolution, for ``x[N, 1,
+        H, W, C / M]``, ``w[1, KH, KW, C / M, M]``, ``pk[C, FP]`` (the pointwise
+        kernel, its F columns padded to FP as :func:`.simd.pointwise_rows` takes
+        them, ``vecs`` vectors at a time), ``y[N, 1, OH, OW, F]``: each part of the
+        rows computes a few depthwise rows at a time into its scratch row of
+        ``z[parts, :]`` and their pointwise sums from there, so the depthwise
+        result never leaves the cache."""
+        N, D, H, W, CI = x.shape
+        _, OD, OH, OW, F = y.shape
+        C, FP = pk.shape
+        lo, hi, edges = _forward_columns(OW, W, CI, C, sw, rw, pw, KW, M)
+        wt = w.reshape(w.size)
+        xf = x.reshape(N * D * H * W * CI)
+        yf = y.reshape(N * OD * OH * OW * F)
+        pkf = pk.reshape(C * FP)
+        jobs = N * OH
+        parts = z.shape[0]
+        group = max(1, z.shape[1] // (OW * C))
+        for part in prange(parts):
+            zf = z[part]
+            a, b = _part(part, parts, jobs)
+            for j0 in range(a, b, group):
+                j1 = min(b, j0 + group)
+                for job in range(j0, j1):
+                    _forward_row(zf, (job - j0) * OW * C, xf, wt, job, H, W, CI, C, OH, OW, KH,
+                                 KW, sh, sw, rh, rw, ph, pw, lo, hi, edges, 0, M)
+                _pointwise_rows(yf, j0 * OW * F, F, zf, 0, C, pkf, F, FP, C, (j1 - j0) * OW,
+                                vecs)
 
     @njit(parallel=True, nogil=True, cache=True)
     def backprop_input(dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
@@ -480,7 +535,7 @@ def _build(KH, KW, NT, M):
                                 ((n * H + ih0 + k0 * rh) * W + iw0 + j0 * rw) * CI, W * rh * CI,
                                 rw * CI, dyf, (job * OW + ow) * C, C, k1 - k0, j1 - j0, M)
 
-    return forward, backprop_input, backprop_input_strided, backprop_filter
+    return forward, backprop_input, backprop_input_strided, backprop_filter, separable_forward
 
 
 class LaneKernels:
@@ -494,7 +549,8 @@ class LaneKernels:
 
     def __init__(self, KH, KW, stream=False, multiplier=1):
         (self.forward, self.backprop_input, self.backprop_input_strided,
-         self.backprop_filter) = _build(KH, KW, int(stream), multiplier)
+         self.backprop_filter, self.separable_forward) = _build(KH, KW, int(stream),
+                                                                multiplier)
 
 
 _sets = {}
