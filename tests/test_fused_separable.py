@@ -174,3 +174,45 @@ def test_channels_first_and_float64_are_not_fused(fused):
     x64 = np.moveaxis(x, 1, -1).astype(np.float64)
     numbasep.separable_conv(x64, dk.astype(np.float64), pk.astype(np.float64), padding="same")
     assert fused == []
+
+
+@pytest.mark.parametrize("shape, filters, dtype", [
+    ((2, 9, 11, 16), 5, np.float32),      # fewer pixels than parts: one pixel per part
+    ((3, 20, 21, 24), 40, np.float32),    # channels a vector and a half, several parts
+    ((2, 13, 12, 8), 70, np.float64),     # five vectors of columns (of 8 lanes)
+    ((1, 30, 9), 17, np.float16),         # 1-D, 16-bit
+])
+def test_the_gradient_takes_the_small_products(monkeypatch, shape, filters, dtype):
+    """The channels-last pointwise steps of the gradient run on
+    ``pointwise.products`` (input gradient) and ``transposed_products`` (kernel
+    gradient, summed per part of the pixels, then over the parts) when the
+    pointwise kernel is small; the three gradients match the reference within
+    the bound of their float32 (float64) sums."""
+    from numbasep.backends.cpu import pointwise
+    ran = []
+    for name in ("products", "transposed_products"):
+        kern = getattr(pointwise, name)
+        monkeypatch.setattr(pointwise, name,
+                            lambda *a, _k=kern, _n=name: ran.append(_n) or _k(*a))
+    rng = np.random.default_rng(7)
+    c = shape[-1]
+    nd = len(shape) - 2
+    x = rng.uniform(-1, 1, shape).astype(dtype)
+    dk = rng.uniform(-1, 1, (3,) * nd + (c, 1)).astype(dtype)
+    pk = rng.uniform(-1, 1, (1,) * nd + (c, filters)).astype(dtype)
+    g = rng.uniform(-1, 1, shape[:-1] + (filters,)).astype(dtype)
+    got = numbasep.separable_conv_grad(x, dk, pk, g, padding="same")
+    assert sorted(ran) == ["products", "transposed_products"]
+    f64 = [np.asarray(a, np.float64) for a in (x, dk, pk, g)]
+    want = R.keras_separable_grad(*f64, padding="same")
+    mags = R.keras_separable_grad(*[np.abs(a) for a in f64], padding="same")
+    unit = 2.0 ** -53 if dtype == np.float64 else 2.0 ** -24
+    pixels = int(np.prod(shape[:-1]))
+    terms = 9 * filters + pixels * 9 + pixels + 4
+    for name, a, w, m in zip(("d_inputs", "d_depthwise", "d_pointwise"), got, want, mags):
+        assert a.dtype == np.dtype(dtype), name
+        bound = terms * unit * m
+        if dtype == np.float16:
+            bound += 2.0 ** -11 * (np.abs(w) + bound) + 2.0 ** -24
+        err = np.abs(a.astype(np.float64) - w)
+        assert np.all(err <= bound), (name, err.max())

@@ -484,34 +484,40 @@ def test_deinterleave8_widens_16_bit_bit_patterns(bits):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n", [1, 3, 4, 6, 13, 17, 40])
-def test_pointwise_rows_sums_each_column_in_channel_order(dtype, n):
-    """The fused separable forward's pointwise sums: every pixel (in blocks, 4s or
-    singles, the last block overlapping) and column below F, the first product
-    rounded alone and each further channel's fused, in order of the channels;
-    the padded columns from F on and everything outside the rows untouched. Each
-    column count takes one to four vectors at once (``vecs``)."""
+@pytest.mark.parametrize("form", ["rows", "transposed"])
+def test_pointwise_rows_sums_each_column_in_order(dtype, n, form):
+    """The separable ops' small matrix products: every row (in blocks, 4s or
+    singles, the last block overlapping) and column below J, the first product
+    rounded alone and each further term's fused, in order of the terms;
+    everything else untouched, the columns from J on neither stored nor needed
+    (b's last row ends at its J-th column). One to four vectors of columns at
+    once (``vecs``). "rows": a's rows are contiguous (the forward and input
+    gradient); "transposed": a's terms are a row apart (the kernel gradient)."""
     @numba.njit
-    def run(dst, d0, dstep, z, z0, zstep, pk, F, FP, C, n, vecs):
-        simd.pointwise_rows(dst, d0, dstep, z, z0, zstep, pk, F, FP, C, n, vecs)
+    def run(dst, d0, dstep, a, a0, astep, aloop, b, b0, bloop, J, K, n, vecs):
+        simd.pointwise_rows(dst, d0, dstep, a, a0, astep, aloop, b, b0, bloop, J, K, n, vecs)
 
     width = simd.WIDE // (2 if dtype == np.float64 else 1)
     rng = np.random.default_rng(n)
     fma = _fma32 if dtype == np.float32 else (
-        lambda a, b, c: _fma_exact(np.full(1, a, dtype), b, np.full(1, c, dtype))[0])
-    for C, F, vecs in ((1, 3, 1), (5, width, 1), (3, width + 1, 2), (4, 3 * width - 2, 3),
-                       (2, 4 * width, 4), (3, 5 * width - 1, 3)):
-        FP = -(-(-(-F // width)) // vecs) * vecs * width
-        z = rng.standard_normal(7 + n * (C + 2)).astype(dtype)
-        pk = rng.standard_normal(C * FP).astype(dtype)
-        dstep = F + 5
-        dst = np.full(11 + n * dstep + FP, dtype(-7))
-        run(dst, 11, dstep, z, 7, C + 2, pk, F, FP, C, n, vecs)
+        lambda x, y, z: _fma_exact(np.full(1, x, dtype), y, np.full(1, z, dtype))[0])
+    for K, J, vecs in ((1, 3, 1), (5, width, 1), (3, width + 1, 2), (4, 3 * width - 2, 3),
+                       (2, 4 * width, 4), (3, 5 * width - 1, 3), (6, 2 * width - 3, 4)):
+        if form == "rows":
+            astep, aloop = K + 2, 1
+        else:
+            astep, aloop = 1, n + 3
+        a = rng.standard_normal(7 + n * astep + K * aloop).astype(dtype)
+        bloop = J + 2
+        b = rng.standard_normal(5 + (K - 1) * bloop + J).astype(dtype)
+        dstep = J + 5
+        dst = np.full(11 + n * dstep + 4 * width, dtype(-7))
+        run(dst, 11, dstep, a, 7, astep, aloop, b, 5, bloop, J, K, n, vecs)
         want = np.full_like(dst, dtype(-7))
         for k in range(n):
-            zk = z[7 + k * (C + 2):]
-            for f in range(F):
-                s = dtype(zk[0] * pk[f])
-                for c in range(1, C):
-                    s = fma(zk[c], pk[c * FP + f], s)
-                want[11 + k * dstep + f] = s
-        np.testing.assert_array_equal(dst, want, err_msg=f"C={C} F={F} vecs={vecs}")
+            for j in range(J):
+                s = dtype(a[7 + k * astep] * b[5 + j])
+                for i in range(1, K):
+                    s = fma(a[7 + k * astep + i * aloop], b[5 + i * bloop + j], s)
+                want[11 + k * dstep + j] = s
+        np.testing.assert_array_equal(dst, want, err_msg=f"K={K} J={J} vecs={vecs}")

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import base
 from ... import aligned, dtypes
-from . import groups, halves, kernels, lanes, planes, scratch, simd, tiles
+from . import groups, halves, kernels, lanes, planes, pointwise, scratch, simd, tiles
 
 
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
@@ -585,6 +585,11 @@ def _pointwise_columns(filters, width):
     return vecs, -(-n // vecs) * vecs * width
 
 
+def _lanes_of(dtype):
+    """The lanes of :func:`.simd.pointwise_rows`'s vectors for ``dtype``."""
+    return simd.WIDE // 2 if dtype == _F64 else simd.WIDE
+
+
 def _fused_separable_route(plan):
     """How a separable forward runs fused (the lane kernels' ``separable_forward``:
     a few depthwise rows at a time, then their pointwise sums while they are in
@@ -609,6 +614,27 @@ def _fused_separable_route(plan):
                    (launch.shapes[0], launch.shapes[1], (plan.out_channels, fp),
                     five[:4] + (plan.filters,)),
                    launch.params + (vecs,), raw16=launch.raw16)
+
+
+def _by_products(plan):
+    """Whether a channels-last plan's pointwise steps run on :mod:`.pointwise`
+    (kernels small enough for the fused forward's rule, either way round) rather
+    than on NumPy's BLAS."""
+    if not plan.channels_last:
+        return False
+    c, f = plan.out_channels, plan.filters
+    size = dtypes.accumulator(plan.dtype).itemsize
+    return max(c * _pointwise_columns(f, simd.WIDE)[1],
+               f * _pointwise_columns(c, simd.WIDE)[1]) * size <= _FUSED_PK_BYTES
+
+
+def _padded(m, columns):
+    """A fresh 64-byte-aligned copy of the matrix ``m`` with its rows padded with
+    zeros to ``columns``, so that every row starts aligned."""
+    out = aligned.empty((m.shape[0], columns), m.dtype)
+    out[:, :m.shape[1]] = m
+    out[:, m.shape[1]:] = 0
+    return out
 
 
 # Elements of depthwise output a part of the fused separable forward computes
@@ -1018,7 +1044,7 @@ class CPUBackend(base.Backend):
             _run_filter_gradient(launch, plan, x, dy, buf)
         return _finish(plan, buf, final)
 
-    # -- pointwise (a GEMM through NumPy's BLAS) ------------------------------------
+    # -- pointwise (small kernels on .pointwise, others a GEMM through NumPy's BLAS) -
     def _pk2(self, plan, pk):
         return _compute(pk, slot=scratch.OPERAND_1).reshape(plan.out_channels, plan.filters)
 
@@ -1033,13 +1059,21 @@ class CPUBackend(base.Backend):
             return a.reshape(plan.batch * p, channels)
         return a.reshape(plan.batch, channels, p)
 
+    def _product(self, a, m, out):
+        """``out = a @ m`` on :func:`.pointwise.products`, ``m`` small."""
+        if out.size and not _nothing_to_do(out, a, m):
+            vecs, cols = _pointwise_columns(m.shape[1], _lanes_of(out.dtype))
+            _launch(pointwise.products, a, _padded(m, cols), out, vecs)
+
     def pointwise_forward(self, plan, z, pk, out=None, wide=False):
         shape = plan.separable_output_shape
         buf, final = _result(plan, shape, out, wide)
         z2 = self._rows(plan, _compute(z), plan.out_channels)
         pk2 = self._pk2(plan, pk)
         b2 = self._rows(plan, buf, plan.filters)
-        if plan.channels_last:
+        if _by_products(plan):
+            self._product(z2, pk2, b2)
+        elif plan.channels_last:
             np.matmul(z2, pk2, out=b2)
         else:
             np.matmul(pk2.T, z2, out=b2)
@@ -1050,7 +1084,9 @@ class CPUBackend(base.Backend):
         d2 = self._rows(plan, _compute(dout), plan.filters)
         pk2 = self._pk2(plan, pk)
         b2 = self._rows(plan, buf, plan.out_channels)
-        if plan.channels_last:
+        if _by_products(plan):
+            self._product(d2, pk2.T, b2)
+        elif plan.channels_last:
             np.matmul(d2, pk2.T, out=b2)
         else:
             np.matmul(pk2, d2, out=b2)
@@ -1061,7 +1097,15 @@ class CPUBackend(base.Backend):
         z2 = self._rows(plan, _compute(z), plan.out_channels)
         d2 = self._rows(plan, _compute(dout, slot=scratch.OPERAND_1), plan.filters)
         b2 = buf.reshape(plan.out_channels, plan.filters)
-        if plan.channels_last:
+        if _by_products(plan):
+            if not _nothing_to_do(b2, z2, d2):
+                # per part of the pixels (F, C) sums, added in order of the parts
+                parts = scratch.empty(scratch.PARTIALS, (min(len(z2), pointwise.PARTS),)
+                                      + b2.shape[::-1], b2.dtype)
+                vecs = _pointwise_columns(plan.out_channels, _lanes_of(b2.dtype))[0]
+                _launch(pointwise.transposed_products, d2, z2, parts, vecs)
+                b2[...] = parts.sum(axis=0).T
+        elif plan.channels_last:
             np.matmul(z2.T, d2, out=b2)
         else:
             b2[...] = np.einsum("njp,nfp->jf", z2, d2, optimize=True)

@@ -380,9 +380,9 @@ def _build(KH, KW, NT, M):
     def separable_forward(x, w, pk, y, z, sd, sh, sw, rd, rh, rw, pd, ph, pw, vecs):
         """:func:`forward` followed by a pointwise (1x1) convolution, for ``x[N, 1,
         H, W, C / M]``, ``w[1, KH, KW, C / M, M]``, ``pk[C, FP]`` (the pointwise
-        kernel, its F columns padded to FP as :func:`.simd.pointwise_rows` takes
-        them, ``vecs`` vectors at a time), ``y[N, 1, OH, OW, F]``: each part of the
-        rows computes a few depthwise rows at a time into its scratch row of
+        kernel, its rows padded to FP columns so that they stay aligned, summed
+        ``vecs`` vectors of columns at a time by :func:`.simd.pointwise_rows`),
+        ``y[N, 1, OH, OW, F]``: each part of the rows computes a few depthwise rows at a time into its scratch row of
         ``z[parts, :]`` and their pointwise sums from there, so the depthwise
         result never leaves the cache."""
         N, D, H, W, CI = x.shape
@@ -404,8 +404,8 @@ def _build(KH, KW, NT, M):
                 for job in range(j0, j1):
                     _forward_row(zf, (job - j0) * OW * C, xf, wt, job, H, W, CI, C, OH, OW, KH,
                                  KW, sh, sw, rh, rw, ph, pw, lo, hi, edges, 0, M)
-                _pointwise_rows(yf, j0 * OW * F, F, zf, 0, C, pkf, F, FP, C, (j1 - j0) * OW,
-                                vecs)
+                _pointwise_rows(yf, j0 * OW * F, F, zf, 0, C, 1, pkf, 0, FP, F, C,
+                                (j1 - j0) * OW, vecs)
 
     @njit(parallel=True, nogil=True, cache=True)
     def backprop_input(dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):

@@ -30,7 +30,9 @@ OPERAND_0, OPERAND_1, RESULT = 0, 1, 2
 # A composition's intermediates (the separable ops' depthwise output and its
 # gradient): live across several primitives, so never a primitive's own slot.
 INTERMEDIATE_0, INTERMEDIATE_1 = 3, 4
-_SLOTS = 5
+# The pointwise kernel gradient's per-part sums (:mod:`.pointwise`).
+PARTIALS = 5
+_SLOTS = 6
 
 
 def empty(slot, shape, dtype):

@@ -1048,53 +1048,61 @@ POINTWISE_VECS = 4
 
 
 def _pixel_block(vecs):
-    """Pixels :func:`pointwise_rows` sums at once, by the vectors of columns it
-    takes at once: their sums fill 16-24 registers (of AVX-512's 32), leaving
-    room for the column vectors and the broadcast pixels."""
+    """Rows :func:`pointwise_rows` sums at once, by the vectors of columns it takes
+    at once: their sums fill 16-24 registers (of AVX-512's 32), leaving room for
+    the column vectors and the broadcast elements."""
     return min(16, 24 // vecs)
 
 
 @intrinsic
-def pointwise_rows(typingctx, dst, d0, dstep, z, z0, zstep, pk, F, FP, C, n, vecs):
-    """For each pixel k < n and column f < F:
-    ``dst[d0 + k*dstep + f] = z[z0 + k*zstep]*pk[f] + z[z0 + k*zstep + 1]*pk[FP + f]
-    + ... + z[z0 + k*zstep + C - 1]*pk[(C - 1)*FP + f]``, C >= 1, the products added
-    in order of c: the first rounded alone, each further one fused. ``pk`` holds
-    C rows of FP columns, FP a multiple of ``vecs`` (1 to
-    :data:`POINTWISE_VECS`) vectors of :data:`WIDE` lanes (half as many for
-    float64); its columns from F on are read but never stored. Floats of one
-    type.
+def pointwise_rows(typingctx, dst, d0, dstep, a, a0, astep, aloop, b, b0, bloop, J, K, n,
+                   vecs):
+    """For each row k < n and column j < J: ``dst[d0 + k*dstep + j] =``
+    ``a[a0 + k*astep]*b[b0 + j] + a[a0 + k*astep + aloop]*b[b0 + bloop + j] + ... +``
+    ``a[a0 + k*astep + (K-1)*aloop]*b[b0 + (K-1)*bloop + j]``, K >= 1: the products
+    added in order of i < K, the first rounded alone, each further one fused.
+    Floats of one type.
 
-    The pointwise (1x1) step of a separable convolution on a row of pixels whose
-    depthwise results are still in the cache: ``vecs`` vectors of columns for a
-    block of pixels (:func:`_pixel_block`, or 4 or 1 when n is smaller; the last
-    block overlapping the one before) at a time, their sums in registers
-    through all C channels, each pk vector loaded once per block and each z
-    element broadcast once; a lanes mask leaves the columns from F on out of the
-    stores. (NumPy's BLAS, 8x56x56 pixels, 144 -> 24 columns, 2 threads: 1.0 ms
-    on the depthwise result from memory.)"""
-    if not all(isinstance(t, types.Array) and t.dtype == dst.dtype for t in (dst, z, pk)):
+    The pointwise (1x1) steps of a separable convolution as small products of
+    matrices: the forward (a: the depthwise result's pixels, b: the pointwise
+    kernel), the gradient of its input (a: the output gradient, b: the kernel
+    transposed) and of the kernel (a: the output gradient transposed, b: the
+    depthwise result). ``vecs`` (1 to :data:`POINTWISE_VECS`) vectors of
+    :data:`WIDE` lanes (half as many for float64) of columns for a block of rows
+    (:func:`_pixel_block`, or 4 or 1 when n is smaller; the last block
+    overlapping the one before) at a time, their sums in registers through all
+    K terms, each b vector loaded once per block and each a element broadcast
+    once; a lanes mask leaves the columns from J on out of the loads and the
+    stores. (NumPy's BLAS, 8x56x56 pixels, 144 -> 24 columns, 2 threads: 1.0 ms,
+    with its threads spinning into the next kernel's.)"""
+    if not all(isinstance(t, types.Array) and t.dtype == dst.dtype for t in (dst, a, b)):
         return None
     if dst.dtype not in (types.float32, types.float64):
         return None
-    sig = types.void(dst, d0, dstep, z, z0, zstep, pk, F, FP, C, n, vecs)
+    sig = types.void(dst, d0, dstep, a, a0, astep, aloop, b, b0, bloop, J, K, n, vecs)
 
     def codegen(context, builder, signature, args):
         f64 = signature.args[0].dtype == types.float64
         width = WIDE // 2 if f64 else WIDE
         v = _Lanes(context, builder, signature, args, width)
         fma = v.fma()
-        d0v, dstepv, z0v, zstepv, Fv, FPv, Cv, nv, vecsv = (
+        (d0v, dstepv, a0v, astepv, aloopv, b0v, bloopv, Jv, Kv, nv, vecsv) = (
             context.cast(builder, args[i], signature.args[i], types.intp)
-            for i in (1, 2, 4, 5, 7, 8, 9, 10, 11))
+            for i in (1, 2, 4, 5, 6, 8, 9, 10, 11, 12, 13))
         ity = d0v.type
         ivty = ir.VectorType(ity, width)
         iota = ir.Constant(ivty, list(range(width)))
         fty = "f64" if f64 else "f32"
+        mty = ir.VectorType(ir.IntType(1), width)
         masked_store = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(ir.VoidType(), [
-                v.vty, v.vty.as_pointer(), _I32, ir.VectorType(ir.IntType(1), width)]),
+                v.vty, v.vty.as_pointer(), _I32, mty]),
             f"llvm.masked.store.v{width}{fty}.p0v{width}{fty}")
+        masked_load = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(v.vty, [v.vty.as_pointer(), _I32, mty, v.vty]),
+            f"llvm.masked.load.v{width}{fty}.p0v{width}{fty}")
+        zero = ir.Constant(v.vty, [0.0] * width)
+        align = ir.Constant(_I32, v.align)
 
         def const(i):
             return ir.Constant(ity, i)
@@ -1104,64 +1112,68 @@ def pointwise_rows(typingctx, dst, d0, dstep, z, z0, zstep, pk, F, FP, C, n, vec
             return builder.shuffle_vector(e, e, ir.Constant(ir.VectorType(_I32, width),
                                                             [0] * width))
 
-        def pixels(V, f0, k0, R):
-            zrows = [builder.add(z0v, builder.mul(builder.add(k0, const(p)), zstepv))
+        def rows(V, j0, k0, R):
+            cols = [builder.add(j0, const(u * width)) for u in range(V)]
+            keep = [builder.icmp_signed("<", builder.add(iota, splat(c, ivty)), splat(Jv, ivty))
+                    for c in cols]
+            arows = [builder.add(a0v, builder.mul(builder.add(k0, const(p)), astepv))
                      for p in range(R)]
 
-            def terms(c):
-                row = builder.add(builder.mul(c, FPv), f0)
-                ws = [v.load(6, builder.add(row, const(u * width))) for u in range(V)]
-                zs = [splat(v.scalar(3, builder.add(zr, c)), v.vty) for zr in zrows]
-                return ws, zs
+            def terms(i):
+                brow = builder.add(b0v, builder.mul(i, bloopv))
+                bs = [builder.call(masked_load, [v._ptr(7, builder.add(brow, c)), align, m,
+                                                 zero])
+                      for c, m in zip(cols, keep)]
+                at = builder.mul(i, aloopv)
+                av = [splat(v.scalar(3, builder.add(r, at)), v.vty) for r in arows]
+                return av, bs
 
-            ws, zs = terms(const(0))
-            sums = [builder.fmul(zs[p], ws[u]) for p in range(R) for u in range(V)]
+            av, bs = terms(const(0))
+            sums = [builder.fmul(av[p], bs[u]) for p in range(R) for u in range(V)]
 
-            def more(c, sums):
-                ws, zs = terms(builder.add(c, const(1)))
-                return [builder.call(fma, [zs[p], ws[u], sums[p * V + u]])
+            def more(i, sums):
+                av, bs = terms(builder.add(i, const(1)))
+                return [builder.call(fma, [av[p], bs[u], sums[p * V + u]])
                         for p in range(R) for u in range(V)]
-            sums = v.loop(builder.sub(Cv, const(1)), sums, more)
+            sums = v.loop(builder.sub(Kv, const(1)), sums, more)
             for u in range(V):
-                col = builder.add(f0, const(u * width))
-                keep = builder.icmp_signed("<", builder.add(iota, splat(col, ivty)),
-                                           splat(Fv, ivty))
                 for p in range(R):
                     at = builder.add(builder.add(d0v, builder.mul(builder.add(k0, const(p)),
-                                                                  dstepv)), col)
-                    builder.call(masked_store, [sums[p * V + u], v._ptr(0, at),
-                                                ir.Constant(_I32, v.align), keep])
+                                                                  dstepv)), cols[u])
+                    builder.call(masked_store, [sums[p * V + u], v._ptr(0, at), align,
+                                                keep[u]])
             return []
 
-        def cover(V, f0, R):
-            """Every pixel in blocks of R, the last overlapping the one before (its
-            pixels stored again, with the same sums), n >= R."""
+        def cover(V, j0, R):
+            """Every row in blocks of R, the last overlapping the one before (its
+            rows stored again, with the same sums), n >= R."""
             last = builder.sub(nv, const(R))
             blocks = builder.sdiv(builder.add(nv, const(R - 1)), const(R))
 
-            def block(b, _):
-                k0 = builder.mul(b, const(R))
-                return pixels(V, f0, builder.select(builder.icmp_signed("<", k0, last), k0,
-                                                    last), R)
+            def block(bi, _):
+                k0 = builder.mul(bi, const(R))
+                return rows(V, j0, builder.select(builder.icmp_signed("<", k0, last), k0,
+                                                  last), R)
             v.loop(blocks, [], block)
 
         def run(V):
             R = _pixel_block(V)
+            step = V * width
 
-            def columns(j, _):
-                f0 = builder.mul(j, const(V * width))
+            def columns(jb, _):
+                j0 = builder.mul(jb, const(step))
                 with builder.if_else(builder.icmp_signed(">=", nv, const(R))) as (full, few):
                     with full:
-                        cover(V, f0, R)
+                        cover(V, j0, R)
                     with few:
                         with builder.if_else(builder.icmp_signed(">=", nv, const(4))) as (
                                 some, one):
                             with some:
-                                cover(V, f0, 4)
+                                cover(V, j0, 4)
                             with one:
-                                cover(V, f0, 1)
+                                cover(V, j0, 1)
                 return []
-            v.loop(builder.sdiv(FPv, const(V * width)), [], columns)
+            v.loop(builder.sdiv(builder.add(Jv, const(step - 1)), const(step)), [], columns)
 
         for V in range(1, POINTWISE_VECS + 1):
             with builder.if_then(builder.icmp_signed("==", vecsv, const(V))):
