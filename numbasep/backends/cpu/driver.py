@@ -647,10 +647,7 @@ def _run_fused_separable(launch, plan, x, dk, pk, buf):
     kernel is copied (widened) into its padded form before the depthwise kernel
     takes the same scratch slot."""
     xs, ws, (c, fp), ys = launch.shapes
-    pk32 = _compute(pk, (c, plan.filters), scratch.OPERAND_1)
-    padded = scratch.empty(scratch.INTERMEDIATE_1, (c, fp), _F32)
-    padded[:, :plan.filters] = pk32
-    padded[:, plan.filters:] = 0
+    padded = _padded(_compute(pk, (c, plan.filters), scratch.OPERAND_1), fp)
     row = ys[3] * c
     jobs = ys[0] * ys[2]
     z = scratch.empty(scratch.INTERMEDIATE_0,
@@ -1061,7 +1058,7 @@ class CPUBackend(base.Backend):
 
     def _product(self, a, m, out):
         """``out = a @ m`` on :func:`.pointwise.products`, ``m`` small."""
-        if out.size and not _nothing_to_do(out, a, m):
+        if not _nothing_to_do(out, a, m):
             vecs, cols = _pointwise_columns(m.shape[1], _lanes_of(out.dtype))
             _launch(pointwise.products, a, _padded(m, cols), out, vecs)
 
@@ -1071,7 +1068,7 @@ class CPUBackend(base.Backend):
         z2 = self._rows(plan, _compute(z), plan.out_channels)
         pk2 = self._pk2(plan, pk)
         b2 = self._rows(plan, buf, plan.filters)
-        if _by_products(plan):
+        if _route(plan, "products", _by_products):
             self._product(z2, pk2, b2)
         elif plan.channels_last:
             np.matmul(z2, pk2, out=b2)
@@ -1084,7 +1081,7 @@ class CPUBackend(base.Backend):
         d2 = self._rows(plan, _compute(dout), plan.filters)
         pk2 = self._pk2(plan, pk)
         b2 = self._rows(plan, buf, plan.out_channels)
-        if _by_products(plan):
+        if _route(plan, "products", _by_products):
             self._product(d2, pk2.T, b2)
         elif plan.channels_last:
             np.matmul(d2, pk2.T, out=b2)
@@ -1097,7 +1094,7 @@ class CPUBackend(base.Backend):
         z2 = self._rows(plan, _compute(z), plan.out_channels)
         d2 = self._rows(plan, _compute(dout, slot=scratch.OPERAND_1), plan.filters)
         b2 = buf.reshape(plan.out_channels, plan.filters)
-        if _by_products(plan):
+        if _route(plan, "products", _by_products):
             if not _nothing_to_do(b2, z2, d2):
                 # per part of the pixels (F, C) sums, added in order of the parts
                 parts = scratch.empty(scratch.PARTIALS, (min(len(z2), pointwise.PARTS),)
