@@ -382,9 +382,10 @@ def _build(KH, KW, NT, M):
         H, W, C / M]``, ``w[1, KH, KW, C / M, M]``, ``pk[C, FP]`` (the pointwise
         kernel, its rows padded to FP columns so that they stay aligned, summed
         ``vecs`` vectors of columns at a time by :func:`.simd.pointwise_rows`),
-        ``y[N, 1, OH, OW, F]``: each part of the rows computes a few depthwise rows at a time into its scratch row of
-        ``z[parts, :]`` and their pointwise sums from there, so the depthwise
-        result never leaves the cache."""
+        ``y[N, 1, OH, OW, F]``: each part of the rows computes a few depthwise
+        rows at a time into its scratch row of ``z[parts, :]`` and their
+        pointwise sums from there, so the depthwise result never leaves the
+        cache."""
         N, D, H, W, CI = x.shape
         _, OD, OH, OW, F = y.shape
         C, FP = pk.shape
