@@ -184,13 +184,13 @@ def test_channels_first_and_float64_are_not_fused(fused):
 ])
 def test_the_gradient_takes_the_small_products(monkeypatch, shape, filters, dtype):
     """The channels-last pointwise steps of the gradient run on
-    ``pointwise.products`` (input gradient) and ``transposed_products`` (kernel
-    gradient, summed per part of the pixels, then over the parts) when the
+    ``pointwise.gradients`` (the input gradient's products, and the kernel
+    gradient's summed per part of the pixels, then over the parts) when the
     pointwise kernel is small; the three gradients match the reference within
     the bound of their float32 (float64) sums."""
     from numbasep.backends.cpu import pointwise
     ran = []
-    for name in ("products", "transposed_products"):
+    for name in ("products", "transposed_products", "gradients"):
         kern = getattr(pointwise, name)
         monkeypatch.setattr(pointwise, name,
                             lambda *a, _k=kern, _n=name: ran.append(_n) or _k(*a))
@@ -202,7 +202,7 @@ def test_the_gradient_takes_the_small_products(monkeypatch, shape, filters, dtyp
     pk = rng.uniform(-1, 1, (1,) * nd + (c, filters)).astype(dtype)
     g = rng.uniform(-1, 1, shape[:-1] + (filters,)).astype(dtype)
     got = numbasep.separable_conv_grad(x, dk, pk, g, padding="same")
-    assert sorted(ran) == ["products", "transposed_products"]
+    assert ran == ["gradients"]
     f64 = [np.asarray(a, np.float64) for a in (x, dk, pk, g)]
     want = R.keras_separable_grad(*f64, padding="same")
     mags = R.keras_separable_grad(*[np.abs(a) for a in f64], padding="same")
@@ -216,3 +216,41 @@ def test_the_gradient_takes_the_small_products(monkeypatch, shape, filters, dtyp
             bound += 2.0 ** -11 * (np.abs(w) + bound) + 2.0 ** -24
         err = np.abs(a.astype(np.float64) - w)
         assert np.all(err <= bound), (name, err.max())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_pointwise_gradient_primitives_take_the_small_products(monkeypatch, dtype):
+    """The CPU backend's pointwise gradient primitives, called on their own (the
+    separable gradient runs both at once): ``products`` for the input's,
+    ``transposed_products`` for the kernel's, against the float64 products."""
+    from numbasep import shapes
+    from numbasep.backends.cpu import pointwise
+    ran = []
+    for name in ("products", "transposed_products"):
+        kern = getattr(pointwise, name)
+        monkeypatch.setattr(pointwise, name,
+                            lambda *a, _k=kern, _n=name: ran.append(_n) or _k(*a))
+    rng = np.random.default_rng(11)
+    n, h, w, c, f = 3, 13, 11, 24, 37
+    plan = shapes.keras((n, h, w, c), (3, 3, c, 1), 1, "same", "channels_last", 1,
+                        pointwise_shape=(1, 1, c, f)).with_dtype(np.dtype(dtype))
+    z = rng.uniform(-1, 1, (n, h, w, c)).astype(dtype)
+    dout = rng.uniform(-1, 1, (n, h, w, f)).astype(dtype)
+    pk = rng.uniform(-1, 1, (1, 1, c, f)).astype(dtype)
+    be = driver.CPUBackend()
+    dz = be.pointwise_backprop_input(plan, dout, pk)
+    dpk = be.pointwise_backprop_filter(plan, z, dout)
+    assert ran == ["products", "transposed_products"]
+    z64, d64, pk64 = (np.asarray(a, np.float64) for a in (z, dout, pk))
+    unit = 2.0 ** -53 if dtype == np.float64 else 2.0 ** -24
+    for got, want, mags, terms in (
+            (dz, R.pointwise_backprop_input(d64, pk64),
+             R.pointwise_backprop_input(np.abs(d64), np.abs(pk64)), f),
+            (dpk, R.pointwise_backprop_filter(z64, d64, pk.shape),
+             R.pointwise_backprop_filter(np.abs(z64), np.abs(d64), pk.shape), n * h * w)):
+        assert got.dtype == np.dtype(dtype) and got.shape == want.shape
+        bound = (terms + 4) * unit * mags
+        if dtype == np.float16:
+            bound += 2.0 ** -11 * (np.abs(want) + bound) + 2.0 ** -24
+        err = np.abs(got.astype(np.float64) - want)
+        assert np.all(err <= bound), err.max()

@@ -150,9 +150,11 @@ def _plan(shape, filters, dtype=np.float32, data_format="channels_last"):
     ((32, 56, 56, 144), 24, np.float32, 4),      # 1.8 MB an image
     ((32, 56, 56, 144), 24, np.float16, 4),      # float32 intermediates
     ((32, 56, 56, 144), 24, np.float64, 2),
-    ((4, 56, 56, 144), 24, np.float32, 0),       # 7.2 MB: the whole batch at once
+    ((4, 56, 56, 144), 24, np.float32, 4),       # 7.2 MB: the whole batch at once
     ((32, 19, 19, 728), 728, np.float32, 0),     # products on BLAS
-    ((1, 300, 300, 64), 128, np.float32, 0),     # one image
+    ((1, 300, 300, 64), 128, np.float32, 1),     # one image
+    ((0, 56, 56, 144), 24, np.float32, 0),       # nothing to sum
+    ((4, 56, 56, 144), 0, np.float32, 0),
 ])
 def test_images_per_chunk(shape, filters, dtype, images):
     assert driver._gradient_images(_plan(shape, filters, dtype)) == images

@@ -664,33 +664,51 @@ _GRAD_CHUNK_BYTES = 8 << 20
 
 
 def _gradient_images(plan):
-    """Images per chunk of the batch for a separable gradient computed a chunk at
-    a time, or 0 to compute it on the whole batch at once.
+    """Images per chunk of the batch for a separable gradient on
+    :func:`.pointwise.gradients` (channels-last, the pointwise kernel small: see
+    :func:`_by_products`), or 0 for the base composition on NumPy's BLAS (also
+    when there is nothing to sum).
 
-    Chunks keep the intermediates small enough to stay in the cache between the
-    primitives and in this thread's scratch (big ones were fresh pages every call),
-    where the pointwise steps are :mod:`.pointwise`'s products; NumPy's GEMM does
-    better on the whole batch (2 threads, N=32, 19x19x728 -> 728: 107-111 ms
-    whole, 119-123 ms in chunks of 4-16 images). 2 threads, N=8, 147x147x64 ->
-    128: 66-68 ms whole, 51-52 ms an image at a time; N=32: 321 -> 199 ms;
-    N=32, 56x56x144 -> 24: 43 -> 31 ms in chunks of 4 images."""
-    if not _by_products(plan):
+    Chunks keep the intermediates (the depthwise output and its gradient) small
+    enough to stay in the cache between the kernels and in this thread's scratch
+    (above 32 MB they were fresh pages every call). 2 threads, float32, the
+    whole batch at once against chunks: N=8, 147x147x64 -> 128, 66-68 ms against
+    51-52 ms an image at a time; N=32: 321 -> 199 ms; N=32, 56x56x144 -> 24:
+    43 -> 31 ms in chunks of 4 images. NumPy's GEMM does better on the whole
+    batch (N=32, 19x19x728 -> 728: 107-111 ms, in chunks of 4-16 images 119-123
+    ms)."""
+    if not _by_products(plan) or plan.filters == 0 or math.prod(plan.output_shape5) == 0:
         return 0
     image = (math.prod(plan.output_shape5[1:])
              * dtypes.accumulator(plan.dtype).itemsize)
-    if plan.batch * image <= _GRAD_CHUNK_BYTES:
-        return 0
-    images = max(1, _GRAD_CHUNK_BYTES // image)
-    return images if images < plan.batch else 0
+    return min(plan.batch, max(1, _GRAD_CHUNK_BYTES // image))
 
 
 def _batch_plan(plan, images):
     """``plan`` for ``images`` of its batch."""
+    if images == plan.batch:
+        return plan
+
     def make():
         p = plan.clone()
         p.batch = images
         return p
     return plan._memo(("batch", images), make)
+
+
+def _pointwise_gradients(plan, z, dout, pk, dz, dpk):
+    """Both pointwise gradients on :func:`.pointwise.gradients`: ``dz`` (the
+    depthwise output's) and ``dpk`` (the kernel's: the per-part sums added in
+    order of the parts), both in the accumulation dtype."""
+    c, f = plan.out_channels, plan.filters
+    z2 = z.reshape(-1, c)
+    d2 = _compute(dout, slot=scratch.OPERAND_1).reshape(-1, f)
+    # z holds INTERMEDIATE_0: OPERAND_0 is free for a 16-bit kernel's widening
+    pk2 = _compute(pk, slot=scratch.OPERAND_0).reshape(c, f)
+    vecs, cols = _pointwise_columns(c, _lanes_of(dz.dtype))
+    parts = scratch.empty(scratch.PARTIALS, (min(len(z2), pointwise.PARTS), f, c), dz.dtype)
+    _launch(pointwise.gradients, d2, _padded(pk2.T, cols), z2, dz.reshape(-1, c), parts, vecs)
+    dpk.reshape(c, f)[...] = parts.sum(axis=0).T
 
 
 def _total(plan, acc, out):
@@ -1062,10 +1080,8 @@ class CPUBackend(base.Backend):
             z = self.depthwise_forward(part, xs, dk,
                                        self.intermediate(part, 0, part.output_shape),
                                        wide=True)
-            self.pointwise_backprop_filter(part, z, dys, dpk if first else dpk_part, wide=True)
-            dz = self.pointwise_backprop_input(part, dys, pk,
-                                               self.intermediate(part, 1, part.output_shape),
-                                               wide=True)
+            dz = self.intermediate(part, 1, part.output_shape)
+            _pointwise_gradients(part, z, dys, pk, dz, dpk if first else dpk_part)
             self.depthwise_backprop_input(part, dz, dk, dx[n0:n1])
             self.depthwise_backprop_filter(part, xs, dz, ddk if first else ddk_part, wide=True)
             if not first:

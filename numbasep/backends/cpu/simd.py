@@ -317,6 +317,29 @@ def sfence(typingctx):
     return sig, codegen
 
 
+@intrinsic
+def prefetch(typingctx, a, i):
+    """Ask for the cache line holding ``a[i]`` (a flat array) to be brought into
+    the L2 cache (x86 ``prefetcht1``), without waiting for it."""
+    if not isinstance(a, types.Array) or not isinstance(i, types.Integer):
+        return None
+    sig = types.void(a, i)
+
+    def codegen(context, builder, signature, args):
+        arr = context.make_array(signature.args[0])(context, builder, args[0])
+        at = builder.gep(arr.data, [context.cast(builder, args[1], signature.args[1],
+                                                   types.intp)])
+        i8p = ir.IntType(8).as_pointer()
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, _I32, _I32, _I32]),
+            "llvm.prefetch.p0i8")
+        builder.call(fn, [builder.bitcast(at, i8p), ir.Constant(_I32, 0),
+                          ir.Constant(_I32, 2), ir.Constant(_I32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 # Output pixels a correlation intrinsic computes at once: independent sums in
 # flight, and (stride and dilation 1) neighbours sharing their input loads.
 BLOCK = 4
