@@ -254,3 +254,39 @@ def test_pointwise_gradient_primitives_take_the_small_products(monkeypatch, dtyp
             bound += 2.0 ** -11 * (np.abs(want) + bound) + 2.0 ** -24
         err = np.abs(got.astype(np.float64) - want)
         assert np.all(err <= bound), err.max()
+
+
+@pytest.mark.parametrize("shape, filters", [((2, 17, 19, 24), 32), ((3, 200, 16), 48)])
+def test_large_results_are_streamed(monkeypatch, fused, shape, filters):
+    """float32 results above ``driver._STREAM_BYTES`` with whole vectors of
+    filters go out with non-temporal stores (made the rule for any size here):
+    the same bits as plain stores, into an aligned result (results of 64 KB
+    and more are allocated aligned); an unaligned ``out=`` takes the plain
+    stores."""
+    import support
+    rng = np.random.default_rng(5)
+    c = shape[-1]
+    nd = len(shape) - 2
+    x = rng.uniform(-1, 1, shape).astype(np.float32)
+    dk = rng.uniform(-1, 1, (3,) * nd + (c, 1)).astype(np.float32)
+    pk = rng.uniform(-1, 1, (1,) * nd + (c, filters)).astype(np.float32)
+    plain = numbasep.separable_conv(x, dk, pk, padding="same")
+    support.route_afresh(monkeypatch)
+    monkeypatch.setattr(driver, "_STREAM_BYTES", 0)
+    kinds = []
+    run = driver._launch
+
+    def spy(kern, *args):
+        kinds.append(kern)
+        return run(kern, *args)
+    monkeypatch.setattr(driver, "_launch", spy)
+    streamed = numbasep.separable_conv(x, dk, pk, padding="same")
+    np.testing.assert_array_equal(streamed, plain)
+    unaligned = np.empty(plain.size + 1, np.float32)[1:].reshape(plain.shape)
+    numbasep.separable_conv(x, dk, pk, padding="same", out=unaligned)
+    np.testing.assert_array_equal(unaligned, plain)
+    from numbasep.backends.cpu import lanes
+    sets = lanes.kernels(3, 3) if nd == 2 else lanes.kernels(1, 3)
+    streams = lanes.kernels(3, 3, stream=True) if nd == 2 else lanes.kernels(1, 3, stream=True)
+    assert kinds == [streams.separable_forward, sets.separable_forward]
+    assert len(fused) == 3

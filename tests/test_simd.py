@@ -495,7 +495,8 @@ def test_pointwise_rows_sums_each_column_in_order(dtype, n, form):
     gradient); "transposed": a's terms are a row apart (the kernel gradient)."""
     @numba.njit
     def run(dst, d0, dstep, a, a0, astep, aloop, b, b0, bloop, J, K, n, vecs):
-        simd.pointwise_rows(dst, d0, dstep, a, a0, astep, aloop, b, b0, bloop, J, K, n, vecs)
+        simd.pointwise_rows(dst, d0, dstep, a, a0, astep, aloop, b, b0, bloop, J, K, n, vecs,
+                            0)
 
     width = simd.WIDE // (2 if dtype == np.float64 else 1)
     rng = np.random.default_rng(n)
@@ -521,3 +522,36 @@ def test_pointwise_rows_sums_each_column_in_order(dtype, n, form):
                     s = fma(a[7 + k * astep + i * aloop], b[5 + i * bloop + j], s)
                 want[11 + k * dstep + j] = s
         np.testing.assert_array_equal(dst, want, err_msg=f"K={K} J={J} vecs={vecs}")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [1, 5, 13, 40])
+def test_pointwise_rows_streams_whole_vectors(dtype, n):
+    """With ``stream``, the whole vectors of columns go out as non-temporal
+    stores (aligned rows: the fused separable forward's results), the last
+    partial one masked as without: the same values, nothing else touched."""
+    @numba.njit
+    def run(dst, d0, dstep, a, b, J, K, n, vecs, stream):
+        simd.pointwise_rows(dst, d0, dstep, a, 0, K, 1, b, 0, J, J, K, n, vecs, stream)
+        if stream:
+            simd.sfence()
+
+    width = simd.WIDE // (2 if dtype == np.float64 else 1)
+    rng = np.random.default_rng(n)
+    for K, J, vecs in ((3, width, 1), (5, 4 * width, 4), (2, 3 * width - 5, 3),
+                       (4, 2 * width + 1, 2)):
+        a = rng.standard_normal(n * K).astype(dtype)
+        b = rng.standard_normal(K * J).astype(dtype)
+        dstep = -(-J // width) * width + width
+        got = []
+        for stream in (0, 1):
+            dst = numbasep.empty_aligned(2 * width + n * dstep, dtype)
+            dst[...] = -7
+            run(dst, 2 * width, dstep, a, b, J, K, n, vecs, stream)
+            got.append(dst)
+        np.testing.assert_array_equal(got[1], got[0], err_msg=f"K={K} J={J}")
+        rows = got[1][2 * width:].reshape(n, dstep)
+        np.testing.assert_array_equal(got[1][:2 * width], -7)
+        np.testing.assert_array_equal(rows[:, J:], -7)
+        want = a.reshape(n, K).astype(np.float64) @ b.reshape(K, J).astype(np.float64)
+        np.testing.assert_allclose(rows[:, :J], want, rtol=1e-5, atol=1e-5)

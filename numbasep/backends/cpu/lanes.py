@@ -385,7 +385,8 @@ def _build(KH, KW, NT, M):
         ``y[N, 1, OH, OW, F]``: each part of the rows computes a few depthwise
         rows at a time into its scratch row of ``z[parts, :]`` and their
         pointwise sums from there, so the depthwise result never leaves the
-        cache."""
+        cache. ``y`` written with non-temporal stores when the kernels stream
+        (a multiple of ``simd.WIDE`` filters, ``y`` 64-byte aligned)."""
         N, D, H, W, CI = x.shape
         _, OD, OH, OW, F = y.shape
         C, FP = pk.shape
@@ -406,7 +407,9 @@ def _build(KH, KW, NT, M):
                     _forward_row(zf, (job - j0) * OW * C, xf, wt, job, H, W, CI, C, OH, OW, KH,
                                  KW, sh, sw, rh, rw, ph, pw, lo, hi, edges, 0, M)
                 _pointwise_rows(yf, j0 * OW * F, F, zf, 0, C, 1, pkf, 0, FP, F, C,
-                                (j1 - j0) * OW, vecs)
+                                (j1 - j0) * OW, vecs, NT)
+            if NT:
+                _sfence()
 
     @njit(parallel=True, nogil=True, cache=True)
     def backprop_input(dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
@@ -542,9 +545,9 @@ def _build(KH, KW, NT, M):
 class LaneKernels:
     """The lane kernels for one window shape: ``forward``, ``backprop_input`` (stride
     1), ``backprop_input_strided`` (dilation 1) and ``backprop_filter``; with
-    ``stream``, the first three writing their results with non-temporal stores
-    (every result vector must be aligned to its size: the driver's
-    ``_streams``); with ``multiplier`` M above 1, ``forward``,
+    ``stream``, the first three and ``separable_forward`` writing their results
+    with non-temporal stores (every result vector must be aligned to its size:
+    the driver's ``_streams``); with ``multiplier`` M above 1, ``forward``,
     ``backprop_input`` and ``backprop_filter`` serve a depth multiplier M
     (``backprop_input_strided`` serves multiplier 1 only)."""
 

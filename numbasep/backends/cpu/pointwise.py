@@ -31,7 +31,7 @@ def _part_products(part, parts, a, b, dst, vecs):
     J = dst.shape[1]
     k0, k1 = _rows(part, parts, P)
     _pointwise_rows(dst.reshape(dst.size), k0 * J, J, a.reshape(a.size), k0 * K, K, 1,
-                    b.reshape(b.size), 0, b.shape[1], J, K, k1 - k0, vecs)
+                    b.reshape(b.size), 0, b.shape[1], J, K, k1 - k0, vecs, 0)
 
 
 @njit(inline="always")
@@ -41,7 +41,7 @@ def _part_transposed(part, parts, a, b, partials, vecs):
     C = b.shape[1]
     k0, k1 = _rows(part, parts, P)
     _pointwise_rows(partials.reshape(partials.size), part * F * C, C, a.reshape(a.size),
-                    k0 * F, 1, F, b.reshape(b.size), k0 * C, C, C, k1 - k0, F, vecs)
+                    k0 * F, 1, F, b.reshape(b.size), k0 * C, C, C, k1 - k0, F, vecs, 0)
 
 
 @njit(parallel=True, nogil=True, cache=True)

@@ -1079,12 +1079,15 @@ def _pixel_block(vecs):
 
 @intrinsic
 def pointwise_rows(typingctx, dst, d0, dstep, a, a0, astep, aloop, b, b0, bloop, J, K, n,
-                   vecs):
+                   vecs, stream):
     """For each row k < n and column j < J: ``dst[d0 + k*dstep + j] =``
     ``a[a0 + k*astep]*b[b0 + j] + a[a0 + k*astep + aloop]*b[b0 + bloop + j] + ... +``
     ``a[a0 + k*astep + (K-1)*aloop]*b[b0 + (K-1)*bloop + j]``, K >= 1: the products
     added in order of i < K, the first rounded alone, each further one fused.
-    Floats of one type.
+    Floats of one type. ``stream`` true: whole vectors of columns are written
+    with non-temporal stores (only where :data:`STREAMS`; ``dst``, ``d0`` and
+    ``dstep`` must put every vector of columns on a 64-byte boundary, and the
+    caller fences, :func:`sfence`).
 
     The pointwise (1x1) steps of a separable convolution as small products of
     matrices: the forward (a: the depthwise result's pixels, b: the pointwise
@@ -1102,16 +1105,16 @@ def pointwise_rows(typingctx, dst, d0, dstep, a, a0, astep, aloop, b, b0, bloop,
         return None
     if dst.dtype not in (types.float32, types.float64):
         return None
-    sig = types.void(dst, d0, dstep, a, a0, astep, aloop, b, b0, bloop, J, K, n, vecs)
+    sig = types.void(dst, d0, dstep, a, a0, astep, aloop, b, b0, bloop, J, K, n, vecs, stream)
 
     def codegen(context, builder, signature, args):
         f64 = signature.args[0].dtype == types.float64
         width = WIDE // 2 if f64 else WIDE
         v = _Lanes(context, builder, signature, args, width)
         fma = v.fma()
-        (d0v, dstepv, a0v, astepv, aloopv, b0v, bloopv, Jv, Kv, nv, vecsv) = (
+        (d0v, dstepv, a0v, astepv, aloopv, b0v, bloopv, Jv, Kv, nv, vecsv, streamv) = (
             context.cast(builder, args[i], signature.args[i], types.intp)
-            for i in (1, 2, 4, 5, 6, 8, 9, 10, 11, 12, 13))
+            for i in (1, 2, 4, 5, 6, 8, 9, 10, 11, 12, 13, 14))
         ity = d0v.type
         ivty = ir.VectorType(ity, width)
         iota = ir.Constant(ivty, list(range(width)))
@@ -1160,11 +1163,20 @@ def pointwise_rows(typingctx, dst, d0, dstep, a, a0, astep, aloop, b, b0, bloop,
                         for p in range(R) for u in range(V)]
             sums = v.loop(builder.sub(Kv, const(1)), sums, more)
             for u in range(V):
-                for p in range(R):
-                    at = builder.add(builder.add(d0v, builder.mul(builder.add(k0, const(p)),
-                                                                  dstepv)), cols[u])
-                    builder.call(masked_store, [sums[p * V + u], v._ptr(0, at), align,
-                                                keep[u]])
+                ats = [builder.add(builder.add(d0v, builder.mul(builder.add(k0, const(p)),
+                                                                dstepv)), cols[u])
+                       for p in range(R)]
+                whole = builder.and_(builder.icmp_signed("!=", streamv, const(0)),
+                                     builder.icmp_signed("<=", builder.add(cols[u],
+                                                                           const(width)), Jv))
+                with builder.if_else(whole) as (streamed, masked):
+                    with streamed:
+                        for p in range(R):
+                            v.put(sums[p * V + u], 0, ats[p], stream=STREAMS)
+                    with masked:
+                        for p in range(R):
+                            builder.call(masked_store, [sums[p * V + u], v._ptr(0, ats[p]),
+                                                        align, keep[u]])
             return []
 
         def cover(V, j0, R):
