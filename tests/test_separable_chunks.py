@@ -38,18 +38,18 @@ def chunks(monkeypatch):
         return make(plan, images)
     monkeypatch.setattr(driver, "_batch_plan", spy)
 
-    def images_per_chunk(x_shape, channels, dtype, images):
+    def images_per_chunk(out_shape, channels, dtype, images):
         acc = 8 if np.dtype(dtype) == np.float64 else 4
-        image = int(np.prod(x_shape[1:-1])) * channels * acc
+        image = int(np.prod(out_shape[1:-1])) * channels * acc
         monkeypatch.setattr(driver, "_GRAD_CHUNK_BYTES", images * image)
     return ran, images_per_chunk
 
 
-def _operands(rng, shape, window, filters, dtype):
+def _operands(rng, shape, window, filters, dtype, multiplier=1):
     c = shape[-1]
     x = rng.uniform(-1, 1, shape).astype(dtype)
-    dk = rng.uniform(-1, 1, window + (c, 1)).astype(dtype)
-    pk = rng.uniform(-1, 1, (1,) * len(window) + (c, filters)).astype(dtype)
+    dk = rng.uniform(-1, 1, window + (c, multiplier)).astype(dtype)
+    pk = rng.uniform(-1, 1, (1,) * len(window) + (c * multiplier, filters)).astype(dtype)
     return x, dk, pk
 
 
@@ -89,8 +89,10 @@ def problems(draw):
     sizes = tuple(max(s, (k - 1) * dilation + 1) for s, k in zip(sizes, window))
     images = draw(st.integers(1, batch - 1))
     dtype = draw(st.sampled_from(DTYPES))
+    multiplier = draw(st.sampled_from((1, 1, 2)))
     return ((batch,) + sizes + (channels,), window, filters,
-            dict(strides=strides, padding=padding, dilation_rate=dilation), images, dtype)
+            dict(strides=strides, padding=padding, dilation_rate=dilation), images, dtype,
+            multiplier)
 
 
 @settings(max_examples=60, deadline=None,
@@ -99,12 +101,12 @@ def problems(draw):
 def test_chunked_gradient_matches_the_reference(chunks, p, seed):
     ran, images_per_chunk = chunks
     ran.clear()    # the fixture is shared by the examples
-    shape, window, filters, kw, images, dtype = p
+    shape, window, filters, kw, images, dtype, multiplier = p
     rng = np.random.default_rng(seed)
-    x, dk, pk = _operands(rng, shape, window, filters, dtype)
+    x, dk, pk = _operands(rng, shape, window, filters, dtype, multiplier)
     out_shape = numbasep.separable_conv(x, dk, pk, **kw).shape
     g = rng.uniform(-1, 1, out_shape).astype(dtype)
-    images_per_chunk(out_shape, shape[-1], dtype, images)
+    images_per_chunk(out_shape, shape[-1] * multiplier, dtype, images)
     got = numbasep.separable_conv_grad(x, dk, pk, g, **kw)
     batch = shape[0]
     whole, rest = divmod(batch, images)

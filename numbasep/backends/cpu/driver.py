@@ -600,7 +600,7 @@ def _fused_separable_route(plan):
     2 threads, N=8, 56x56x144 -> 24 filters: 2.0-3.1 ms unfused (the depthwise
     0.64 ms, the GEMM 1.0 ms, and the two pools of threads in each other's way).
     Results larger than ``_STREAM_BYTES`` are streamed as the lane kernels'
-    (N=8, 147x147x64 -> 128, 88 MB: 17.3-17.8 -> 14.0-14.7 ms)."""
+    (N=8, 147x147x64 -> 128, 88 MB: 17.3-17.8 -> 14.1-16.0 ms)."""
     if not plan.channels_last or plan.multiplier not in simd.REPEATS:
         return None
     launch = (_forward_route(plan) if plan.multiplier == 1
