@@ -379,7 +379,7 @@ class _Launch:
     rounded as it stores them (each result element is stored once, never read
     back), so it needs no float32 sums to round afterwards; ``stream``: the same
     kernel writing with non-temporal stores, run instead of ``kern`` when the
-    result array is 64-byte aligned (:func:`_streams`), or None."""
+    result array is 64-byte aligned (:func:`_streaming`), or None."""
 
     __slots__ = ("kern", "shapes", "params", "raw16", "writes16", "stream")
 
@@ -398,13 +398,26 @@ class _Launch:
 _STREAM_BYTES = 32 << 20
 
 
-def _streams(plan, res_shape):
-    """Whether a lane-kernel result of ``res_shape`` gets non-temporal stores (when
-    its array is 64-byte aligned): float32 results larger than
-    ``_STREAM_BYTES``, with whole vectors of channels per pixel (a multiple of
-    ``simd.WIDE``, so that every vector stored starts on a vector boundary)."""
-    return (simd.STREAMS and plan.dtype == _F32 and plan.channels % simd.WIDE == 0
-            and math.prod(res_shape) * _F32.itemsize > _STREAM_BYTES)
+def _streaming(plan, name, res_shape, channels):
+    """The lane kernel ``name`` (of ``plan``'s window and multiplier) that writes
+    its result with non-temporal stores, or None: for float32 results of
+    ``res_shape`` larger than ``_STREAM_BYTES``, with whole vectors of
+    ``channels`` per pixel (a multiple of ``simd.WIDE``, so that every vector
+    stored starts on a vector boundary). It runs when the result's array is
+    64-byte aligned (:func:`_kernel_for`)."""
+    if not (simd.STREAMS and plan.dtype == _F32 and channels % simd.WIDE == 0
+            and math.prod(res_shape) * _F32.itemsize > _STREAM_BYTES):
+        return None
+    k = plan.kernel
+    return getattr(lanes.kernels(k[1], k[2], stream=True, multiplier=plan.multiplier), name)
+
+
+def _kernel_for(launch, buf):
+    """``launch``'s kernel for the result ``buf``: the streaming one where there
+    is one and ``buf`` is 64-byte aligned."""
+    if launch.stream is not None and buf.__array_interface__["data"][0] % 64 == 0:
+        return launch.stream
+    return launch.kern
 
 
 def _route(plan, name, decide):
@@ -440,12 +453,9 @@ def _correlation(plan, adjoint):
         else:
             kern = lk.forward
         raw16 = _reads_bits(plan)
-        stream = None
-        if _streams(plan, five[1]):
-            stream = getattr(lanes.kernels(plan.kernel[1], plan.kernel[2], stream=True),
-                             kern.py_func.__name__)
         return _Launch(kern, (five[0], plan.filter_shape5, five[1]), _params(plan),
-                       raw16=raw16, writes16=raw16, stream=stream)
+                       raw16=raw16, writes16=raw16,
+                       stream=_streaming(plan, kern.py_func.__name__, five[1], plan.channels))
     ks = kernels.for_plan(plan)
     if adjoint:
         kern = ks.backprop_input_cl if plan.channels_last else ks.backprop_input_cf
@@ -557,14 +567,11 @@ def _multiplier_launch(plan, name, data, result, result_plan):
     ``plan.filter_shape5`` and ``result``; ``result_plan``: a plan whose
     channels are the result's (which decide on streaming stores)."""
     k = plan.kernel
-    stream = None
-    if _streams(result_plan, result):
-        stream = getattr(lanes.kernels(k[1], k[2], stream=True, multiplier=plan.multiplier),
-                         name)
     raw16 = _reads_bits(plan)
     return _Launch(getattr(lanes.kernels(k[1], k[2], multiplier=plan.multiplier), name),
                    (data, plan.filter_shape5, result), _params(plan), raw16=raw16,
-                   writes16=raw16, stream=stream)
+                   writes16=raw16,
+                   stream=_streaming(plan, name, result, result_plan.channels))
 
 
 # The largest padded pointwise kernel (bytes) the fused separable forward takes:
@@ -611,16 +618,11 @@ def _fused_separable_route(plan):
     vecs, fp = _pointwise_columns(plan.filters, simd.WIDE)
     if plan.out_channels * fp * _F32.itemsize > _FUSED_PK_BYTES:
         return None
-    five = plan.output_shape5
-    result = five[:4] + (plan.filters,)
-    stream = None
-    if (simd.STREAMS and plan.dtype == _F32 and plan.filters % simd.WIDE == 0
-            and math.prod(result) * _F32.itemsize > _STREAM_BYTES):
-        stream = lanes.kernels(plan.kernel[1], plan.kernel[2], stream=True,
-                               multiplier=plan.multiplier).separable_forward
+    result = plan.output_shape5[:4] + (plan.filters,)
     return _Launch(lk.separable_forward,
                    (launch.shapes[0], launch.shapes[1], (plan.out_channels, fp), result),
-                   launch.params + (vecs,), raw16=launch.raw16, stream=stream)
+                   launch.params + (vecs,), raw16=launch.raw16,
+                   stream=_streaming(plan, "separable_forward", result, plan.filters))
 
 
 def _by_products(plan):
@@ -660,10 +662,7 @@ def _run_fused_separable(launch, plan, x, dk, pk, buf):
     z = scratch.empty(scratch.INTERMEDIATE_0,
                       (min(jobs, numba.get_num_threads()),
                        max(1, _FUSED_ROWS_ELEMS // row) * row), _F32)
-    kern = launch.kern
-    if launch.stream is not None and buf.__array_interface__["data"][0] % 64 == 0:
-        kern = launch.stream
-    _launch(kern, _data(launch, x, xs, scratch.OPERAND_0, _compute),
+    _launch(_kernel_for(launch, buf), _data(launch, x, xs, scratch.OPERAND_0, _compute),
             _compute(dk, ws, scratch.OPERAND_1),
             padded, buf.reshape(ys), z, *launch.params)
 
@@ -706,18 +705,25 @@ def _batch_plan(plan, images):
     return plan._memo(("batch", images), make)
 
 
-def _pointwise_gradients(plan, z, dout, pk, dz, dpk):
-    """Both pointwise gradients on :func:`.pointwise.gradients`: ``dz`` (the
-    depthwise output's) and ``dpk`` (the kernel's: the per-part sums added in
-    order of the parts), both in the accumulation dtype."""
+def _transposed_kernel(plan, pk):
+    """The pointwise kernel transposed, (F, C) with its rows padded for
+    :func:`.pointwise.gradients` (a copy of its own), and the ``vecs`` to sum
+    them with."""
+    c, f = plan.out_channels, plan.filters
+    vecs, cols = _pointwise_columns(c, _lanes_of(dtypes.accumulator(plan.dtype)))
+    return _padded(_compute(pk, slot=scratch.OPERAND_0).reshape(c, f).T, cols), vecs
+
+
+def _pointwise_gradients(plan, z, dout, bt, vecs, dz, dpk):
+    """Both pointwise gradients on :func:`.pointwise.gradients` (``bt`` and
+    ``vecs`` from :func:`_transposed_kernel`): ``dz`` (the depthwise output's)
+    and ``dpk`` (the kernel's: the per-part sums added in order of the parts),
+    both in the accumulation dtype."""
     c, f = plan.out_channels, plan.filters
     z2 = z.reshape(-1, c)
     d2 = _compute(dout, slot=scratch.OPERAND_1).reshape(-1, f)
-    # z holds INTERMEDIATE_0: OPERAND_0 is free for a 16-bit kernel's widening
-    pk2 = _compute(pk, slot=scratch.OPERAND_0).reshape(c, f)
-    vecs, cols = _pointwise_columns(c, _lanes_of(dz.dtype))
     parts = scratch.empty(scratch.PARTIALS, (min(len(z2), pointwise.PARTS), f, c), dz.dtype)
-    _launch(pointwise.gradients, d2, _padded(pk2.T, cols), z2, dz.reshape(-1, c), parts, vecs)
+    _launch(pointwise.gradients, d2, bt, z2, dz.reshape(-1, c), parts, vecs)
     dpk.reshape(c, f)[...] = parts.sum(axis=0).T
 
 
@@ -849,10 +855,7 @@ def _run_correlation(launch, data, w, buf, operand=_compute):
     """Launch a correlation into ``buf``; ``operand`` views (and where needed
     converts) the two inputs for the kernel."""
     ds, ws, rs = launch.shapes
-    kern = launch.kern
-    if launch.stream is not None and buf.__array_interface__["data"][0] % 64 == 0:
-        kern = launch.stream
-    _launch(kern, _data(launch, data, ds, scratch.OPERAND_0, operand),
+    _launch(_kernel_for(launch, buf), _data(launch, data, ds, scratch.OPERAND_0, operand),
             operand(w, ws, scratch.OPERAND_1), buf.reshape(rs), *launch.params)
 
 
@@ -1081,6 +1084,7 @@ class CPUBackend(base.Backend):
         ddk = aligned.empty(plan.filter_shape, acc)
         dpk = aligned.empty(plan.pointwise_shape, acc)
         ddk_part, dpk_part = np.empty_like(ddk), np.empty_like(dpk)
+        bt, vecs = _transposed_kernel(plan, pk)
         for n0 in range(0, plan.batch, images):
             n1 = min(n0 + images, plan.batch)
             part = _batch_plan(plan, n1 - n0)
@@ -1091,7 +1095,7 @@ class CPUBackend(base.Backend):
                                        self.intermediate(part, 0, part.output_shape),
                                        wide=True)
             dz = self.intermediate(part, 1, part.output_shape)
-            _pointwise_gradients(part, z, dys, pk, dz, dpk if first else dpk_part)
+            _pointwise_gradients(part, z, dys, bt, vecs, dz, dpk if first else dpk_part)
             self.depthwise_backprop_input(part, dz, dk, dx[n0:n1])
             self.depthwise_backprop_filter(part, xs, dz, ddk if first else ddk_part, wide=True)
             if not first:

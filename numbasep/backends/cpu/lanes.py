@@ -547,7 +547,7 @@ class LaneKernels:
     1), ``backprop_input_strided`` (dilation 1) and ``backprop_filter``; with
     ``stream``, the first three and ``separable_forward`` writing their results
     with non-temporal stores (every result vector must be aligned to its size:
-    the driver's ``_streams``); with ``multiplier`` M above 1, ``forward``,
+    the driver's ``_streaming``); with ``multiplier`` M above 1, ``forward``,
     ``backprop_input`` and ``backprop_filter`` serve a depth multiplier M
     (``backprop_input_strided`` serves multiplier 1 only)."""
 
