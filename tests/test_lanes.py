@@ -448,3 +448,34 @@ def test_filter_gradient_independent_of_thread_count():
     finally:
         mp.undo()
     assert any(seen) and len(got) == 1
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_filter_gradient_of_operands_from_memory(monkeypatch, stride):
+    """Operands above ``lanes._PREFETCH_BYTES``: the filter gradient asks for
+    each job's next rows ahead (parts that cross from one image to the next,
+    windows that reach into the padding, strides 1 and 2); the float64 sums,
+    within float32 rounding of 10^5 terms."""
+    ran = []
+    real = driver._launch
+    monkeypatch.setattr(driver, "_launch", lambda kern, *a: (ran.append(kern), real(kern, *a)))
+    rng = np.random.default_rng(stride)
+    n, size, c, k = 72, 40, 128, 3
+    x = numbasep.empty_aligned((n, size, size, c))
+    x[...] = rng.uniform(-1, 1, x.shape)
+    out = -(-size // stride)
+    dy = numbasep.empty_aligned((n, out, out, c))
+    dy[...] = rng.uniform(-1, 1, dy.shape)
+    assert x.nbytes + dy.nbytes > lanes._PREFETCH_BYTES
+    got = BF(x, [k, k, c, 1], dy, [1, stride, stride, 1], "SAME")
+    assert ran[0] is lanes.kernels(k, k).backprop_filter
+    before = max((out - 1) * stride + k - size, 0) // 2
+    xp = np.zeros((n, size + k, size + k, c))
+    xp[:, before:before + size, before:before + size] = x
+    dy64 = dy.astype(np.float64)
+    for i in range(k):
+        for j in range(k):
+            taps = xp[:, i:i + stride * out:stride, j:j + stride * out:stride]
+            want = np.einsum("nhwc,nhwc->c", taps, dy64)
+            bound = 1e-5 * np.einsum("nhwc,nhwc->c", np.abs(taps), np.abs(dy64))
+            assert np.all(np.abs(got[i, j, :, 0] - want) <= bound), (i, j)
