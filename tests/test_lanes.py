@@ -479,3 +479,35 @@ def test_filter_gradient_of_operands_from_memory(monkeypatch, stride):
             want = np.einsum("nhwc,nhwc->c", taps, dy64)
             bound = 1e-5 * np.einsum("nhwc,nhwc->c", np.abs(taps), np.abs(dy64))
             assert np.all(np.abs(got[i, j, :, 0] - want) <= bound), (i, j)
+
+
+def test_input_gradient_of_operands_from_memory(monkeypatch):
+    """Operands above ``lanes._PREFETCH_BYTES`` and a 5x5 window: the stride-1
+    input gradient asks for each job's next output-gradient row ahead (parts that
+    cross from one image to the next, rows whose window reaches into the
+    padding); the float64 sums, within float32 rounding."""
+    ran = []
+    real = driver._launch
+    monkeypatch.setattr(driver, "_launch", lambda kern, *a: (ran.append(kern), real(kern, *a)))
+    rng = np.random.default_rng(7)
+    n, size, c, k = 36, 40, 160, 5
+    w = rng.uniform(-1, 1, (k, k, c, 1)).astype(np.float32)
+    dy = numbasep.empty_aligned((n, size, size, c))
+    dy[...] = rng.uniform(-1, 1, dy.shape)
+    assert 2 * dy.nbytes > lanes._PREFETCH_BYTES
+    # an unaligned result: the plain kernel (an aligned one above 32 MB streams)
+    got = numbasep.empty_aligned(dy.size + 4)[4:].reshape(dy.shape)
+    BI([n, size, size, c], w, dy, [1, 1, 1, 1], "SAME", out=got)
+    assert ran == [lanes.kernels(k, k).backprop_input]
+    # dx[ih, iw] = sum over taps of w[i, j] * dy[ih + 2 - i, iw + 2 - j] (SAME: 2 each side)
+    dyp = np.zeros((n, size + k - 1, size + k - 1, c))
+    dyp[:, 2:2 + size, 2:2 + size] = dy
+    want = np.zeros(dy.shape)
+    bound = np.zeros(dy.shape)
+    for i in range(k):
+        for j in range(k):
+            terms = w[i, j, :, 0].astype(np.float64) * dyp[:, k - 1 - i:k - 1 - i + size,
+                                                          k - 1 - j:k - 1 - j + size]
+            want += terms
+            bound += np.abs(terms)
+    assert np.all(np.abs(got - want) <= 1e-5 * bound)
