@@ -304,22 +304,24 @@ def _forward_row(dst, d0, xf, wt, job, H, W, CI, C, OH, OW, KH, KW, sh, sw, rh, 
 
 
 # Operands (bytes, input and output gradient together) from which the filter
-# gradient (and the input gradient, below) asks for each job's next rows ahead (:func:`_prefetch_next`): from
-# memory the hardware prefetchers, following a few elements of each of several
-# rows at a time, leave the cores waiting. 2 threads, float32, 3x3 unless said,
-# without / with: N=32 112x112x32 (103 MB) 5.6-6.0 / 3.6-4.0 ms; 56x56x144 (115
-# MB) 6.5-6.8 / 4.3-4.4; 112x112x96 stride 2 (193 MB) 10.7 / 8.2-8.3; 56x56x96
-# 7x7 (77 MB) 9.0-9.4 / 6.3; N=24 56x56x144 (87 MB) 2.8-2.9 both. Below, the
-# rows are mostly in the cache and the requests cost more than they bring: N=16
-# 56x56x144 (58 MB) 1.37 / 1.86; N=32 28x28x240 5x5 (48 MB) 2.3 / 2.6-2.7; N=16
-# 56x56x96 7x7 (38 MB) 2.8 / 3.0; N=8 112x112x32 0.78 / 0.90. Long rows (in
-# chunks) are left out: N=32 147x147x128 48-49 / 51-52 ms.
+# gradient (and the input gradient, below) asks for each job's next rows ahead
+# (:func:`_prefetch_next`): from memory the hardware prefetchers, following a
+# few elements of each of several rows at a time, leave the cores waiting. 2
+# threads, float32, 3x3 unless said, without / with: N=32 112x112x32 (103 MB)
+# 5.6-6.0 / 3.6-4.0 ms; 56x56x144 (115 MB) 6.5-6.8 / 4.3-4.4; 112x112x96 stride
+# 2 (193 MB) 10.7 / 8.2-8.3; 56x56x96 7x7 (77 MB) 9.0-9.4 / 6.3; N=24 56x56x144
+# (87 MB) 2.8-2.9 both. Below, the rows are mostly in the cache and the
+# requests cost more than they bring: N=16 56x56x144 (58 MB) 1.37 / 1.86; N=32
+# 28x28x240 5x5 (48 MB) 2.3 / 2.6-2.7; N=16 56x56x96 7x7 (38 MB) 2.8 / 3.0; N=8
+# 112x112x32 0.78 / 0.90. Long rows (in chunks) are left out: N=32 147x147x128
+# 48-49 / 51-52 ms.
 #
 # The stride-1 input gradient makes the same requests for its output-gradient
 # rows with windows of 5 or more rows, which read as many rows at a time: N=32
-# 56x56x96 7x7 (77 MB) 10.4-10.9 / 5.7-5.9 ms, N=48 56x56x72 5x5 (87 MB) 7.7-7.9
-# / 6.2-6.6. With 3x3 windows the hardware keeps up: N=32 112x112x32 (103 MB)
-# 3.5-3.6 / 3.8-3.9 ms. So does the forward's (112x112x32: 3.2-3.4 / 3.7).
+# 56x56x96 7x7 (77 MB) 10.4-10.9 / 5.7-5.9 ms, N=48 56x56x72 5x5 (87 MB)
+# 7.7-7.9 / 6.2-6.6. With 3x3 windows the hardware keeps up: N=32 112x112x32
+# (103 MB) 3.5-3.6 / 3.8-3.9 ms. So does the forward's (112x112x32: 3.2-3.4 /
+# 3.7).
 _PREFETCH_BYTES = 64 << 20
 
 
