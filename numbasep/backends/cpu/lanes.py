@@ -50,6 +50,7 @@ from numba import literally, njit, prange
 
 from .kernels import _split
 from .simd import BLOCK as _BLOCK
+from .simd import GROUPS as _GROUPS
 from .simd import WIDE as _WIDE
 from .simd import dots_rows as _dots_rows
 from .simd import dots_window as _dots_window
@@ -168,7 +169,7 @@ def _row(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW, NT, 
     for k in range(0, run, n):
         k = min(k, run - n)
         _taps_rows(dst, d0 + k * C, C, src, s0 + k * sstep, sstep, rowstep, colstep, wt,
-                   k0 * KW * C, KW * C, C, n, rows, C, KW, NT, _shifted(edges, k), M)
+                   k0 * KW * C, KW * C, C, n, rows, C, KW, NT, _shifted(edges, k), M, _GROUPS)
 
 
 @njit(inline="always")
@@ -238,20 +239,25 @@ def _phase_row(dst, d0, dstep, src, s0, rowstep, wt, w0, wrow, wstep, C, run, ro
                      C, n, rows, J, NT)
 
 
+# Phases of 1 or 2 window columns take simd.GROUPS channel groups per block of
+# pixels, wider ones one group at a time across the phase: 2 threads, N=32,
+# one group / GROUPS for all phases / for phases of 1 or 2 columns (ms):
+# 56x56x144 3x3 stride 2 2.27-2.33 / 1.69 / 1.70; 56x56x72 5x5 stride 2 (phases
+# of 2 and 3 columns) 1.24-1.30 / 1.44 / 1.29.
 @njit(inline="always")
 def _phase_chunk(dst, d0, dstep, src, s0, rowstep, wt, w0, wrow, wstep, C, run, rows, J, NT):
     if J == 1:
         _taps_rows(dst, d0, dstep, src, s0, C, rowstep, -C, wt, w0, wrow, wstep, run, rows, C,
-                   1, NT, None, 1)
+                   1, NT, None, 1, _GROUPS)
     elif J == 2:
         _taps_rows(dst, d0, dstep, src, s0, C, rowstep, -C, wt, w0, wrow, wstep, run, rows, C,
-                   2, NT, None, 1)
+                   2, NT, None, 1, _GROUPS)
     elif J == 3:
         _taps_rows(dst, d0, dstep, src, s0, C, rowstep, -C, wt, w0, wrow, wstep, run, rows, C,
-                   3, NT, None, 1)
+                   3, NT, None, 1, 1)
     else:
         _taps_rows(dst, d0, dstep, src, s0, C, rowstep, -C, wt, w0, wrow, wstep, run, rows, C,
-                   4, NT, None, 1)
+                   4, NT, None, 1, 1)
 
 
 @njit(inline="always")

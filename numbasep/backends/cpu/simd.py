@@ -344,6 +344,17 @@ def prefetch(typingctx, a, i):
 # flight, and (stride and dilation 1) neighbours sharing their input loads.
 BLOCK = 4
 
+# Channel groups that each block of pixels of :func:`taps_rows` takes, one after
+# the other, before the next block (``together``), rather than one group across
+# the whole row: a block then reads its pixels' channels in order, which the
+# hardware prefetchers follow. 2 threads, one group / 8 at a time (ms): N=32
+# 112x112x32 forward 2.8-2.9 / 2.1-2.2, 28x28x192 forward 1.09-1.20 / 0.82-0.83,
+# input gradient 1.07-1.10 / 0.81-0.99, 7x7x960 forward 0.34-0.35 / 0.28,
+# 56x56x144 stride-2 input gradient 2.32-2.49 / 1.70-1.79; N=1 147x147x128
+# forward 0.65 / 0.45-0.46. All the groups of a block was slower on 28x28x240
+# 5x5 (N=32, 8 / all: 1.45 / 1.72-1.82), whose window rows then leave L1.
+GROUPS = 8
+
 # How a block's taps map to input columns, by the pixel step over the column
 # step m: pixel p's tap j reads column m*p + j (m = 1: the forward at stride and
 # dilation 1; m = -1: the input gradient's gather, whose column step is
@@ -429,20 +440,20 @@ def _by_channels(make, offsets, channels_at, repeated, grouped, doc):
 
 def _taps_rows(width):
     def taps_rows(typingctx, dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow,
-                  wstep, n, rows, groups, kw, stream, edges, repeat):
-        KW, NT, REP = _taps(kw), _taps(stream), _taps(repeat)
-        if KW is None or NT is None or REP not in _REPEATS:
+                  wstep, n, rows, groups, kw, stream, edges, repeat, together):
+        KW, NT, REP, TOG = _taps(kw), _taps(stream), _taps(repeat), _taps(together)
+        if KW is None or NT is None or REP not in _REPEATS or not TOG or TOG < 1:
             return None
         EDGES = not isinstance(edges, types.NoneType)
         if EDGES and not (isinstance(edges, types.BaseTuple) and len(edges) == 5
                           and all(isinstance(t, types.Integer) for t in edges)):
             return None
         sig = types.void(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n,
-                         rows, groups, kw, stream, edges, repeat)
+                         rows, groups, kw, stream, edges, repeat, together)
 
         def codegen(context, builder, signature, args):
             (_, d0v, dstepv, _, s0v, sstepv, rowv, colv, _, w0v, wrowv, wstepv, nv, rowsv, gv,
-             _, _, edgesv, _) = args
+             _, _, edgesv, _, _) = args
             v = _Lanes(context, builder, signature, args, width, floats=8)
             ity = s0v.type
             fma = v.fma()
@@ -453,7 +464,7 @@ def _taps_rows(width):
             if EDGES:
                 c0v, cpixv, ctapv, climv, cstridev = (
                     context.cast(builder, builder.extract_value(edgesv, i), t, types.intp)
-                    for i, t in enumerate(signature.args[-2]))
+                    for i, t in enumerate(signature.args[-3]))
 
             def column(k, j):
                 """The column pixel k's tap j reads (``edges``)."""
@@ -589,20 +600,21 @@ def _taps_rows(width):
                 return builder.select(builder.icmp_signed("<", k, last), k, last)
 
             def run(mode):
-                # one channel group at a time across the row: its window rows stay
-                # in L1 from block to block (all groups per block was 1.3-1.5x
-                # slower on 28x28x240 5x5 maps, whose rows do not fit). Rows of two
-                # groups take both per block, which then reads whole pixels, in
-                # order: 2 threads, 112x112x32 forward, one group / both, N=32
-                # 2.8-2.9 / 2.1-2.2 ms, N=8 0.57-0.58 / 0.52; input gradient N=8
-                # 0.60-0.62 / 0.49-0.55. (Pairs of groups on longer rows: 28x28x192
-                # N=32 1.09-1.13 / 0.94-0.98, 56x56x144 N=8 0.65 / 0.68-0.72.)
-                per = builder.select(builder.icmp_signed("==", gv, const(2)), const(2),
-                                     const(1))
+                if TOG == 1:
+                    # one group at a time across the row
+                    def one(g, _):
+                        v.loop(blocks, [], lambda j, _: checked(block_start(j), g, BLOCK, mode))
+                        v.loop(singles, [], lambda j, _: checked(j, g, 1, None))
+                        return []
+                    v.loop(gv, [], one)
+                    return
+                per = const(TOG)
 
                 def groups_of(c, fn):
                     g0 = builder.mul(c, per)
-                    v.loop(per, [], lambda i, _: fn(builder.add(g0, i)))
+                    left = builder.sub(gv, g0)
+                    count = builder.select(builder.icmp_signed("<", left, per), left, per)
+                    v.loop(count, [], lambda i, _: fn(builder.add(g0, i)))
                     return []
 
                 def across(c, _):
@@ -611,7 +623,7 @@ def _taps_rows(width):
                     v.loop(singles, [], lambda j, _: groups_of(
                         c, lambda g: checked(j, g, 1, None)))
                     return []
-                v.loop(builder.sdiv(gv, per), [], across)
+                v.loop(builder.sdiv(builder.add(gv, const(TOG - 1)), per), [], across)
 
             def dispatch(modes):
                 if modes[0] is None:
@@ -903,11 +915,12 @@ taps_rows = _by_channels(*CHANNEL_ARGS["taps_rows"], """For each pixel k < n and
     ``repeat`` (a compile-time 1, 2, 4 or 8): x holds a depth multiplier's
     input, whose channel ``c // repeat`` output channel c sees (``s0`` and the
     steps count x's own elements; each vector of x is read as lanes / repeat
-    elements repeated in registers).
+    elements repeated in registers). ``together`` (a compile-time count): the
+    channel groups each block of pixels takes before the next block (1: one
+    group at a time across the whole row; see ``GROUPS``).
 
-    A correlation's inner loops over a row of pixels, one group of 16 (then 8)
-    channels at a time across the row (its window rows stay in L1 from pixel to
-    pixel): blocks of ``BLOCK`` pixels whose sums stay in registers through the
+    A correlation's inner loops over a row of pixels, ``together`` groups of 16
+    (then 8) channels at a time: blocks of ``BLOCK`` pixels whose sums stay in registers through the
     window; each window row's weights loaded once per block and, where the pixel
     step is 1 or -1 column steps, each input vector loaded once for all the
     block's taps that read it. Per tap and pixel one fused multiply-add, in (row,
