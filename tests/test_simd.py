@@ -122,12 +122,15 @@ def test_taps_rows_sums_each_pixel_in_order(lanes, channels, step, n):
     pixel step the intrinsic shares loads on (1 and -1 column steps) and others;
     blocks that overlap at the end of the row; nothing else written."""
     taps_rows = lanes("taps_rows")
+    # channel groups per block: one across the row, or two (40 channels in 8 lanes:
+    # chunks of 2, 2 and 1 groups)
+    together = 2 if channels == 40 else 1
 
     @numba.njit
     def run(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
             channels):
         taps_rows(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
-                  channels, 3, 0, None, 1)
+                  channels, 3, 0, None, 1, together)
 
     rng = np.random.default_rng(channels + n)
     rows, KW = 2, 3
@@ -161,12 +164,13 @@ def test_taps_rows_leaves_out_the_columns_outside(lanes, cpix, ctap, c0, n, firs
     -0); the columns outside hold NaN, which no sum may see, and those read in
     their place are not added."""
     taps_rows = lanes("taps_rows")
+    together = 2 if channels == 24 else 1      # 24 in 8 lanes: chunks of 2 and 1 groups
 
     @numba.njit
     def run(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
             channels, edges):
         taps_rows(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
-                  channels, 3, 0, edges, 1)
+                  channels, 3, 0, edges, 1, together)
 
     rng = np.random.default_rng(channels + n + first)
     W, rows, KW, margin = 5, 2, 3, 8
@@ -232,11 +236,12 @@ def test_streaming_stores_write_the_same_sums(lanes, n):
     values at the same places, into a 64-byte-aligned row whose pixels and
     channel groups start on vector boundaries; nothing else written."""
     taps_rows, taps_window = lanes("taps_rows"), lanes("taps_window")
+    together = simd.GROUPS
 
     @numba.njit
     def run(dst, d0, dstep, x, s0, wt, n, channels):
         taps_rows(dst, d0, dstep, x, s0, dstep, 50 * dstep, dstep, wt, 0, 3 * dstep, dstep, n, 2,
-                  channels, 3, 1, None, 1)
+                  channels, 3, 1, None, 1, together)
         # one more pixel after the row, its window cut to 2 x 2
         taps_window(dst, d0 + n * dstep, x, s0 + n * dstep, 50 * dstep, dstep, wt, 0,
                     3 * dstep, dstep, 2, 2, channels, 1)
