@@ -358,8 +358,10 @@ def _dots_want(acc, x, g, a0, arow, astep, s0, sstep, rowstep, colstep, g0, gste
     return want
 
 
+# 40 channels: groups in pairs and one alone (in 8 lanes: 2 pairs and 1; in 16:
+# a pair, then a last 8); pixel steps of 1 and 2 column steps share input loads
 @pytest.mark.parametrize("channels", [8, 40])
-@pytest.mark.parametrize("step", [1, 2], ids=["shared", "strided"])
+@pytest.mark.parametrize("step", [1, 2, 3], ids=["shared", "stride2", "other"])
 @pytest.mark.parametrize("n", [1, 6])
 @pytest.mark.parametrize("rows", [1, 3])
 def test_dots_rows_adds_each_taps_sum(lanes, channels, step, n, rows):
