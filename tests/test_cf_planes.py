@@ -184,6 +184,21 @@ def test_filter_gradient_independent_of_thread_count():
     assert len(got) == 1
 
 
+# Rows of a stride-2 input gradient go back from their two column phases 16
+# outputs at a time where both phases hold the columns (simd.interleave8), the
+# ends one at a time: wide rows, both parities of width and of padding.
+@pytest.mark.parametrize("width, pads", [(40, None), (37, None), (41, [1, 2, 3, 0]),
+                                         (36, [0, 1, 0, 1])])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_stride_2_rows_interleave_their_phases(monkeypatch, width, pads, dtype):
+    seen = _taken(monkeypatch)
+    attrs = dict(strides=[1, 1, 2, 2], padding="SAME" if pads is None else "EXPLICIT",
+                 explicit_paddings=[] if pads is None else [0, 0, 0, 0] + pads,
+                 data_format="NCHW", dilations=[1, 1, 1, 1])
+    support.assert_three_ops_match_the_reference((2, 3, 9, width), (3, 3, 3, 1), attrs, dtype)
+    assert seen and all(seen)
+
+
 def test_24x24_planes_take_the_plane_kernels_in_several_pieces(monkeypatch):
     seen = _taken(monkeypatch)
     x = np.ones((2, 9, 24, 24), np.float32)

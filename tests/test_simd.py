@@ -44,6 +44,21 @@ def test_deinterleave8_splits_even_and_odd(dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_interleave8_merges_two_runs(dtype):
+    @numba.njit
+    def run(src, s0, s1, dst, d0):
+        simd.interleave8(src, s0, s1, dst, d0)
+
+    src = np.arange(40, dtype=dtype) * 1.5 - 9
+    dst = np.full(60, -1, dtype)
+    run(src, 3, 22, dst, 5)
+    want = np.full(60, -1, dtype)
+    want[5:21:2] = src[3:11]
+    want[6:21:2] = src[22:30]
+    np.testing.assert_array_equal(dst, want)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n", [0, 1, 5])
 @pytest.mark.parametrize("m", [0, 1, 3])
 def test_taps_dot8_adds_each_taps_block_sum_to_its_accumulator(dtype, n, m):
@@ -487,6 +502,25 @@ def test_deinterleave8_widens_16_bit_bit_patterns(bits):
     want[1:9] = src[3:19:2].astype(np.float32)
     want[20:28] = src[4:19:2].astype(np.float32)
     np.testing.assert_array_equal(dst, want)
+
+
+@pytest.mark.parametrize("bits", [np.float16, ml_dtypes.bfloat16])
+def test_interleave8_rounds_into_16_bit_bit_patterns(bits):
+    @numba.njit
+    def run(src, s0, s1, dst, d0):
+        simd.interleave8(src, s0, s1, dst, d0)
+
+    # float32 values between 16-bit neighbours, ties included: rounded to nearest even
+    rng = np.random.default_rng(5)
+    src = (rng.standard_normal(40) * 50).astype(np.float32)
+    src[3:7] = np.float32(1) + np.float32(2.0 ** -11) * np.arange(1, 5, dtype=np.float32)
+    src[7:9] = np.float32(1) + np.float32(2.0 ** -8) * np.array([1, 3], np.float32)
+    dst = halves.bits(np.full(40, -1, bits))
+    run(src, 3, 20, dst, 2)
+    want = np.full(40, -1, np.float32)
+    want[2:18:2] = src[3:11]
+    want[3:18:2] = src[20:28]
+    np.testing.assert_array_equal(dst, halves.bits(want.astype(bits)))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -80,14 +80,20 @@ _EVEN = _mask(*range(0, 16, 2))
 _ODD = _mask(*range(1, 16, 2))
 
 
+def _with_bits(floats, other):
+    """Whether an intrinsic computing in ``floats`` takes an array of ``other``:
+    the same floats, or 16-bit bit patterns (with float32)."""
+    return floats in (types.float32, types.float64) and (
+        other == floats or (floats == types.float32 and other in (types.uint16, types.int16)))
+
+
 @intrinsic
 def deinterleave8(typingctx, src, s0, dst, d0, d1):
     """``dst[d0 : d0+8] = src[s0 : s0+16 : 2]`` and ``dst[d1 : d1+8] = src[s0+1 : s0+16 : 2]``:
     one load of 16 elements (16-bit bit patterns widened as loaded, as
     :func:`.halves.value` reads them), two shuffles, two stores (the loop
     vectoriser leaves this stride-2 split scalar)."""
-    if dst.dtype not in (types.float32, types.float64) or (
-            src.dtype != dst.dtype and src.dtype not in (types.uint16, types.int16)):
+    if not _with_bits(dst.dtype, src.dtype):
         return None
     sig = types.void(src, s0, dst, d0, d1)
 
@@ -98,6 +104,30 @@ def deinterleave8(typingctx, src, s0, dst, d0, d1):
         v = wide.value(0, s0v)
         for off, mask in ((d0v, _EVEN), (d1v, _ODD)):
             half.store(builder.shuffle_vector(v, v, mask), 2, off)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_INTERLEAVE = ir.Constant(ir.VectorType(_I32, 16), [k // 2 + 8 * (k % 2) for k in range(16)])
+
+
+@intrinsic
+def interleave8(typingctx, src, s0, s1, dst, d0):
+    """``dst[d0 : d0+16 : 2] = src[s0 : s0+8]`` and ``dst[d0+1 : d0+16 : 2] =
+    src[s1 : s1+8]``: the inverse of :func:`deinterleave8`, two loads, one
+    shuffle, one store of 16 elements (16-bit bit patterns rounded as stored, as
+    :func:`.halves.stored` rounds them)."""
+    if not _with_bits(src.dtype, dst.dtype):
+        return None
+    sig = types.void(src, s0, s1, dst, d0)
+
+    def codegen(context, builder, signature, args):
+        _, s0v, s1v, _, d0v = args
+        wide = _Lanes(context, builder, signature, args, 16, floats=0)
+        half = _Lanes(context, builder, signature, args, 8, floats=0)
+        a, b = half.load(0, s0v), half.load(0, s1v)
+        wide.put(builder.shuffle_vector(a, b, _INTERLEAVE), 3, d0v)
         return context.get_dummy_value()
 
     return sig, codegen
