@@ -199,6 +199,43 @@ def test_stride_2_rows_interleave_their_phases(monkeypatch, width, pads, dtype):
     assert seen and all(seen)
 
 
+# Large strided input gradients assemble each plane in a scratch plane and send it
+# to the result with non-temporal stores (driver._STREAM_PLANES, patched to 0
+# here): the bits of the plain kernel, unaligned results on the plain one.
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+@pytest.mark.parametrize("stride, pads", [(2, None), (2, [1, 0, 0, 1]), (3, None)])
+def test_large_strided_input_gradients_stream_their_planes(monkeypatch, dtype, stride, pads):
+    import reference as R
+    monkeypatch.setattr(driver, "_STREAM_PLANES", 0)
+    support.route_afresh(monkeypatch)
+    used = []
+    real = driver._kernel_for
+
+    def spy(launch, buf):
+        used.append(real(launch, buf))
+        return used[-1]
+    monkeypatch.setattr(driver, "_kernel_for", spy)
+    shape = (2, 3, 8, 16)          # planes of 128 elements: whole 64-byte lines
+    attrs = dict(strides=[1, 1, stride, stride],
+                 padding="SAME" if pads is None else "EXPLICIT",
+                 explicit_paddings=[] if pads is None else [0, 0, 0, 0] + pads,
+                 data_format="NCHW")
+    rng = np.random.default_rng(stride)
+    w = rng.standard_normal((3, 3, 3, 1)).astype(dtype)
+    ys = F(np.zeros(shape, dtype), w, **attrs).shape
+    dy = rng.standard_normal(ys).astype(dtype)
+    got = BI(list(shape), w, dy, out=numbasep.empty_aligned(shape, dtype), **attrs)
+    assert used[-1] is planes.backprop_input_streaming
+    want = R.raw_backprop_input(list(shape), w.astype(np.float64), dy.astype(np.float64),
+                                **attrs)
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=0,
+                               atol={np.float16: 2e-2}.get(dtype, 1e-5) * np.abs(want).max())
+    shifted = numbasep.empty_aligned((np.prod(shape) + 1,), dtype)[1:].reshape(shape)
+    plain = BI(list(shape), w, dy, out=shifted, **attrs)
+    assert used[-1] is planes.backprop_input
+    assert np.array_equal(plain.view(np.uint8), got.view(np.uint8))
+
+
 def test_24x24_planes_take_the_plane_kernels_in_several_pieces(monkeypatch):
     seen = _taken(monkeypatch)
     x = np.ones((2, 9, 24, 24), np.float32)

@@ -504,6 +504,23 @@ def test_deinterleave8_widens_16_bit_bit_patterns(bits):
     np.testing.assert_array_equal(dst, want)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.uint16])
+def test_stream_copy_copies_whole_lines_and_nothing_else(dtype):
+    @numba.njit
+    def run(dst, d0, src, s0, n):
+        simd.stream_copy(dst, d0, src, s0, n)
+        simd.sfence()
+
+    per = 64 // np.dtype(dtype).itemsize
+    src = (np.arange(8 * per) * 3 + 1).astype(dtype)
+    dst = numbasep.empty_aligned((8 * per,), dtype)
+    dst[:] = 7
+    run(dst, per, src, 5, 3 * per)        # from an unaligned source
+    want = np.full(8 * per, 7, dtype)
+    want[per:4 * per] = src[5:5 + 3 * per]
+    np.testing.assert_array_equal(dst, want)
+
+
 @pytest.mark.parametrize("bits", [np.float16, ml_dtypes.bfloat16])
 def test_interleave8_rounds_into_16_bit_bit_patterns(bits):
     @numba.njit

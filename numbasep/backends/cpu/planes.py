@@ -54,6 +54,8 @@ from .kernels import _REDUCE_MATH, _u
 from .simd import copy_rows as _copy_rows
 from .simd import deinterleave8, interleave8
 from .simd import fma as _fma
+from .simd import sfence as _sfence
+from .simd import stream_copy as _stream_copy
 from .simd import tap_sums as _tap_sums
 
 # Runs are padded to a multiple of this (two 16-lane vectors): the tap sums
@@ -419,84 +421,101 @@ def _bin_direct(g, w, out, c, sh, sw, rh, rw, ph, pw):
             out[ih, iw] = _stored(s if some else s - s, out)
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def backprop_input(dy, w, dx, sh, sw, rh, rw, ph, pw):
-    """The adjoint of :func:`forward`: each output's gradient spread over its window.
+def _build_backprop_input(stream):
+    """:func:`backprop_input`; ``stream``: its strided planes (multiplier 1) written
+    to dx with non-temporal stores, each assembled first in a scratch plane
+    (``dx`` 64-byte aligned, planes of whole 64-byte lines: the driver's
+    ``_plane_streaming``)."""
+    @njit(parallel=True, nogil=True, cache=True)
+    def backprop_input(dy, w, dx, sh, sw, rh, rw, ph, pw):
+        """The adjoint of :func:`forward`: each output's gradient spread over its window.
 
-    ``dy[N, C*M, OH, OW]``, ``w[KH, KW, C*M]``, ``dx[N, C, H, W]``: depth
-    multiplier M, input channel c's gradient the sum of its M output channels'
-    (each computed as at multiplier 1, added in order of m).
-    """
-    N, C, H, W = dx.shape
-    KH, KW = w.shape[0], w.shape[1]
-    CM, OH, OW = dy.shape[1], dy.shape[2], dy.shape[3]
-    M = CM // C
-    RQ, WQ, L, S = _geometry(KH, KW, OH, OW, sh, sw, rh, rw)
-    wk = w.reshape(KH * KW, CM)
-    # Gather form, phase plane by phase plane: input cell j of phase plane (a, b)
-    # collects gp[j - off] * w for each tap of that phase, whose offset into the
-    # phase plane is off. gp is stored after a lead of zeros (lead >= every off).
-    dyf = dy.reshape(N * CM * OH * OW)
-    dxf = dx.reshape(N * C * H * W)
-    lead = ((KH - 1) * rh // sh + 1) * WQ + _VEC
-    LJ = (RQ * WQ + _VEC - 1) // _VEC * _VEC
-    # only the phase-plane rows that hold input rows are computed
-    j0 = (ph // sh) * WQ
-    LR = min(RQ * WQ, ((ph + H - 1) // sh + 1) * WQ) - j0
-    LR = (max(LR, 0) + _VEC - 1) // _VEC * _VEC
-    NP = N * C
-    T = _task_count(NP, H * W)
-    for job in prange(T):
-        xp = np.empty(sh * sw * S, w.dtype)
-        gp = np.zeros(lead + LJ + _VEC, w.dtype)    # columns past OW stay 0
-        cols = np.empty((sw, 2), np.int64)
-        _phase_cols(cols, sw, pw, W, WQ)
-        # taps grouped by phase: which taps, and their source offsets into gp
-        nph = sh * sw
-        count = np.zeros(nph, np.int64)
-        which = np.empty((nph, KH * KW), np.int64)
-        src = np.empty((nph, KH * KW), np.int64)
-        for kh in range(KH):
-            a, dr = (kh * rh) % sh, (kh * rh) // sh
-            for kw in range(KW):
-                b, dq = (kw * rw) % sw, (kw * rw) // sw
-                f = a * sw + b
-                which[f, count[f]] = kh * KW + kw
-                src[f, count[f]] = lead - (dr * WQ + dq) + j0
-                count[f] += 1
-        wv = np.empty(KH * KW, w.dtype)
-        # input cells no window reaches: an empty sum, +0, where the phase planes
-        # hold sums of the padding's zero products (-0 with a negative tap)
-        lost_rows = _unlinked(H, OH, KH, sh, rh, ph, False)
-        lost_cols = _unlinked(W, OW, KW, sw, rw, pw, False)
-        geo = (H, W, OH, OW, sh, sw, rh, rw, ph, pw, RQ, WQ, S, lead, j0, LR)
-        # depth multiplier M > 1: the M output channels' gradients summed in order
-        # of m (as if the input were repeated in memory), the last sum stored
-        total = np.empty(H * W if M > 1 else 0, w.dtype)
-        more = np.empty(H * W if M > 1 else 0, w.dtype)
-        for pl in range(job * NP // T, (job + 1) * NP // T):
-            n, c = pl // C, pl % C
-            d0 = pl * H * W
-            if M == 1:
-                _bin_plane(dy, dyf, w, wk, n, c, gp, xp, wv, count, which, src, cols,
-                           lost_rows, lost_cols, dxf, d0, geo)
-                continue
-            for m in range(M):
-                _bin_plane(dy, dyf, w, wk, n, c * M + m, gp, xp, wv, count, which, src, cols,
-                           lost_rows, lost_cols, total if m == 0 else more, 0, geo)
-                if m == M - 1:
-                    for i in range(H * W):
-                        dxf[_u(d0 + i)] = _stored(total[_u(i)] + more[_u(i)], dxf)
-                elif m > 0:
-                    for i in range(H * W):
-                        total[_u(i)] += more[_u(i)]
+        ``dy[N, C*M, OH, OW]``, ``w[KH, KW, C*M]``, ``dx[N, C, H, W]``: depth
+        multiplier M, input channel c's gradient the sum of its M output channels'
+        (each computed as at multiplier 1, added in order of m).
+        """
+        N, C, H, W = dx.shape
+        KH, KW = w.shape[0], w.shape[1]
+        CM, OH, OW = dy.shape[1], dy.shape[2], dy.shape[3]
+        M = CM // C
+        RQ, WQ, L, S = _geometry(KH, KW, OH, OW, sh, sw, rh, rw)
+        wk = w.reshape(KH * KW, CM)
+        # Gather form, phase plane by phase plane: input cell j of phase plane (a, b)
+        # collects gp[j - off] * w for each tap of that phase, whose offset into the
+        # phase plane is off. gp is stored after a lead of zeros (lead >= every off).
+        dyf = dy.reshape(N * CM * OH * OW)
+        dxf = dx.reshape(N * C * H * W)
+        lead = ((KH - 1) * rh // sh + 1) * WQ + _VEC
+        LJ = (RQ * WQ + _VEC - 1) // _VEC * _VEC
+        # only the phase-plane rows that hold input rows are computed
+        j0 = (ph // sh) * WQ
+        LR = min(RQ * WQ, ((ph + H - 1) // sh + 1) * WQ) - j0
+        LR = (max(LR, 0) + _VEC - 1) // _VEC * _VEC
+        NP = N * C
+        T = _task_count(NP, H * W)
+        for job in prange(T):
+            xp = np.empty(sh * sw * S, w.dtype)
+            gp = np.zeros(lead + LJ + _VEC, w.dtype)    # columns past OW stay 0
+            cols = np.empty((sw, 2), np.int64)
+            _phase_cols(cols, sw, pw, W, WQ)
+            # taps grouped by phase: which taps, and their source offsets into gp
+            nph = sh * sw
+            count = np.zeros(nph, np.int64)
+            which = np.empty((nph, KH * KW), np.int64)
+            src = np.empty((nph, KH * KW), np.int64)
+            for kh in range(KH):
+                a, dr = (kh * rh) % sh, (kh * rh) // sh
+                for kw in range(KW):
+                    b, dq = (kw * rw) % sw, (kw * rw) // sw
+                    f = a * sw + b
+                    which[f, count[f]] = kh * KW + kw
+                    src[f, count[f]] = lead - (dr * WQ + dq) + j0
+                    count[f] += 1
+            wv = np.empty(KH * KW, w.dtype)
+            # input cells no window reaches: an empty sum, +0, where the phase planes
+            # hold sums of the padding's zero products (-0 with a negative tap)
+            lost_rows = _unlinked(H, OH, KH, sh, rh, ph, False)
+            lost_cols = _unlinked(W, OW, KW, sw, rw, pw, False)
+            geo = (H, W, OH, OW, sh, sw, rh, rw, ph, pw, RQ, WQ, S, lead, j0, LR)
+            # depth multiplier M > 1: the M output channels' gradients summed in order
+            # of m (as if the input were repeated in memory), the last sum stored
+            total = np.empty(H * W if M > 1 else 0, w.dtype)
+            more = np.empty(H * W if M > 1 else 0, w.dtype)
+            # stream: each strided plane assembled here, then sent to dx (_bin_plane)
+            stage = np.empty(H * W if stream and M == 1 and sh * sw > 1 else 0, dx.dtype)
+            for pl in range(job * NP // T, (job + 1) * NP // T):
+                n, c = pl // C, pl % C
+                d0 = pl * H * W
+                if M == 1:
+                    _bin_plane(dy, dyf, w, wk, n, c, gp, xp, wv, count, which, src, cols,
+                               lost_rows, lost_cols, dxf, d0, geo, stage)
+                    continue
+                for m in range(M):
+                    _bin_plane(dy, dyf, w, wk, n, c * M + m, gp, xp, wv, count, which, src, cols,
+                               lost_rows, lost_cols, total if m == 0 else more, 0, geo,
+                               total[:0])
+                    if m == M - 1:
+                        for i in range(H * W):
+                            dxf[_u(d0 + i)] = _stored(total[_u(i)] + more[_u(i)], dxf)
+                    elif m > 0:
+                        for i in range(H * W):
+                            total[_u(i)] += more[_u(i)]
+            if stream:
+                _sfence()
+
+    return backprop_input
+
+
+backprop_input = _build_backprop_input(False)
+backprop_input_streaming = _build_backprop_input(True)
 
 
 @njit(inline="always")
 def _bin_plane(dy, dyf, w, wk, n, k, gp, xp, wv, count, which, src, cols, lost_rows, lost_cols,
-               dst, at, geo):
+               dst, at, geo, stage):
     """Output channel k's input gradient of image n, into the plane at ``dst[at]``
-    (see :func:`backprop_input`)."""
+    (see :func:`backprop_input`); strided, with a ``stage`` (not empty): there
+    first, then streamed to ``dst`` (:func:`.simd.stream_copy`)."""
     H, W, OH, OW, sh, sw, rh, rw, ph, pw, RQ, WQ, S, lead, j0, LR = geo
     if not _finite_taps(w, k):
         _bin_direct(dy[n, k], w, dst[at:at + H * W].reshape(H, W), k, sh, sw, rh, rw, ph, pw)
@@ -508,6 +527,11 @@ def _bin_plane(dy, dyf, w, wk, n, k, gp, xp, wv, count, which, src, cols, lost_r
             for t in range(count[f]):
                 wv[t] = wk[which[f, t], k]
             _tap_sums(xp, f * S + j0, gp, src[f], wv, count[f], LR)
+        if stage.size:
+            _gather_plane(xp, stage, 0, H, W, cols, sh, sw, ph, pw, RQ, WQ, S, 0, H)
+            _clear(stage, 0, H, W, lost_rows, lost_cols)
+            _stream_copy(dst, at, stage, 0, H * W)
+            return
         _gather_plane(xp, dst, at, H, W, cols, sh, sw, ph, pw, RQ, WQ, S, 0, H)
     else:
         # one phase plane: in pieces, as the forward (:func:`_fwd_plane`)

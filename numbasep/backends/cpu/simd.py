@@ -1099,6 +1099,45 @@ def tap_sums(typingctx, dst, d0, src, offs, wv, ntaps, length):
 
 
 @intrinsic
+def stream_copy(typingctx, dst, d0, src, s0, n):
+    """``dst[d0 : d0+n] = src[s0 : s0+n]`` (one dtype), 64 bytes a step, written
+    with non-temporal stores where :data:`STREAMS` (``dst[d0]`` must lie on a
+    64-byte boundary, ``n`` elements fill whole steps, and the caller fences,
+    :func:`sfence`): a result assembled in the cache sent to memory without the
+    read of each line that a plain store makes."""
+    if not (isinstance(dst, types.Array) and isinstance(src, types.Array)
+            and dst.dtype == src.dtype):
+        return None
+    sig = types.void(dst, d0, src, s0, n)
+
+    def codegen(context, builder, signature, args):
+        dstv, d0v, srcv, s0v, nv = args
+        d0v, s0v, nv = (context.cast(builder, a, t, types.int64)
+                        for a, t in zip((d0v, s0v, nv), [signature.args[i] for i in (1, 3, 4)]))
+        elt = context.get_data_type(signature.args[0].dtype)
+        size = context.get_abi_sizeof(elt)
+        vty = ir.VectorType(elt, 64 // size)
+        ity = ir.IntType(64)
+        to, fro = (context.make_array(signature.args[i])(context, builder, a).data
+                   for i, a in ((0, dstv), (2, srcv)))
+
+        def move(k, _):
+            j = builder.mul(k, ir.Constant(ity, vty.count))
+            at = builder.bitcast(builder.gep(fro, [builder.add(s0v, j)]), vty.as_pointer())
+            to_at = builder.bitcast(builder.gep(to, [builder.add(d0v, j)]), vty.as_pointer())
+            st = builder.store(builder.load(at, align=size), to_at, align=64)
+            if STREAMS:
+                st.set_metadata("nontemporal", builder.module.add_metadata(
+                    [ir.Constant(_I32, 1)]))
+            return []
+        lanes = _Lanes(context, builder, signature, args)
+        lanes.loop(builder.sdiv(nv, ir.Constant(ity, vty.count)), [], move)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
 def copy_rows(typingctx, dst, d0, dstep, src, s0, sstep, rows, cols):
     """``dst[d0 + r*dstep + j] = src[s0 + r*sstep + j]`` for r < ``rows`` and
     j < ``cols``: 16-bit bit patterns (:func:`.halves.value`) widened as read and
