@@ -199,12 +199,15 @@ def test_stride_2_rows_interleave_their_phases(monkeypatch, width, pads, dtype):
     assert seen and all(seen)
 
 
-# Large strided input gradients assemble each plane in a scratch plane and send it
-# to the result with non-temporal stores (driver._STREAM_PLANES, patched to 0
-# here): the bits of the plain kernel, unaligned results on the plain one.
+# Large results of the forward and of the strided input gradient: each plane
+# assembled in a scratch plane and sent to the result with non-temporal stores
+# (driver._STREAM_PLANES, patched to 0 here); the bits of the plain kernel, which
+# takes unaligned results.
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
-@pytest.mark.parametrize("stride, pads", [(2, None), (2, [1, 0, 0, 1]), (3, None)])
-def test_large_strided_input_gradients_stream_their_planes(monkeypatch, dtype, stride, pads):
+@pytest.mark.parametrize("op, stride, pads", [("input", 2, None), ("input", 2, [1, 0, 0, 1]),
+                                              ("input", 3, None), ("forward", 1, None),
+                                              ("forward", 1, [1, 1, 0, 0])])
+def test_large_results_stream_their_planes(monkeypatch, dtype, op, stride, pads):
     import reference as R
     monkeypatch.setattr(driver, "_STREAM_PLANES", 0)
     support.route_afresh(monkeypatch)
@@ -215,24 +218,34 @@ def test_large_strided_input_gradients_stream_their_planes(monkeypatch, dtype, s
         used.append(real(launch, buf))
         return used[-1]
     monkeypatch.setattr(driver, "_kernel_for", spy)
-    shape = (2, 3, 8, 16)          # planes of 128 elements: whole 64-byte lines
+    # planes of whole 64-byte lines (stride 2: 32 elements); the forward's on the
+    # plane kernels (smaller maps take the tile kernels)
+    shape = (2, 3, 16, 32) if op == "forward" else (2, 3, 8, 16)
     attrs = dict(strides=[1, 1, stride, stride],
                  padding="SAME" if pads is None else "EXPLICIT",
                  explicit_paddings=[] if pads is None else [0, 0, 0, 0] + pads,
                  data_format="NCHW")
     rng = np.random.default_rng(stride)
     w = rng.standard_normal((3, 3, 3, 1)).astype(dtype)
-    ys = F(np.zeros(shape, dtype), w, **attrs).shape
+    x = rng.standard_normal(shape).astype(dtype)
+    ys = F(x, w, **attrs).shape
     dy = rng.standard_normal(ys).astype(dtype)
-    got = BI(list(shape), w, dy, out=numbasep.empty_aligned(shape, dtype), **attrs)
-    assert used[-1] is planes.backprop_input_streaming
-    want = R.raw_backprop_input(list(shape), w.astype(np.float64), dy.astype(np.float64),
-                                **attrs)
+    w64, x64, dy64 = (a.astype(np.float64) for a in (w, x, dy))
+    if op == "forward":
+        res, streaming, plain_kernel = ys, planes.forward_streaming, planes.forward
+        run = lambda out: F(x, w, out=out, **attrs)                      # noqa: E731
+        want = R.raw_forward(x64, w64, **attrs)
+    else:
+        res, plain_kernel = shape, planes.backprop_input
+        streaming = planes.backprop_input_streaming
+        run = lambda out: BI(list(shape), w, dy, out=out, **attrs)       # noqa: E731
+        want = R.raw_backprop_input(list(shape), w64, dy64, **attrs)
+    got = run(numbasep.empty_aligned(res, dtype))
+    assert used[-1] is streaming
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=0,
                                atol={np.float16: 2e-2}.get(dtype, 1e-5) * np.abs(want).max())
-    shifted = numbasep.empty_aligned((np.prod(shape) + 1,), dtype)[1:].reshape(shape)
-    plain = BI(list(shape), w, dy, out=shifted, **attrs)
-    assert used[-1] is planes.backprop_input
+    plain = run(numbasep.empty_aligned((np.prod(res) + 1,), dtype)[1:].reshape(res))
+    assert used[-1] is plain_kernel
     assert np.array_equal(plain.view(np.uint8), got.view(np.uint8))
 
 

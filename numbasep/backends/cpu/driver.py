@@ -412,26 +412,32 @@ def _streaming(plan, name, res_shape, channels):
     return getattr(lanes.kernels(k[1], k[2], stream=True, multiplier=plan.multiplier), name)
 
 
-# Results (bytes) from which the plane kernels' strided input gradient streams
-# its planes (:func:`_plane_streaming`). 2 threads, NCHW, stride 2, plain /
-# non-temporal (ms): N=32 56x56x144 (58 MB) 5.7-7.6 / 4.3-4.5, N=32 112x112x96
-# (154 MB) 15.0 / 12.0-12.7; N=12 112x112x96 (58 MB) 4.0-4.8 / 3.9-4.2; below,
-# the result stays partly in the cache and streaming lost: N=10 (48 MB) 2.8-3.0 /
-# 3.1-3.7, N=8 (39 MB) 1.9-2.0 / 2.5-2.8.
+# Results (bytes) from which the plane kernels' forward and strided input
+# gradient stream their planes (:func:`_plane_streaming`). 2 threads, NCHW,
+# plain / non-temporal (ms): input gradient, stride 2, N=32 56x56x144 (58 MB)
+# 5.7-7.6 / 4.3-4.5, N=32 112x112x96 (154 MB) 15.0 / 12.0-12.7, N=12
+# 112x112x96 (58 MB) 4.0-4.8 / 3.9-4.2; forward, N=32 112x112x32 (51 MB)
+# 6.5-6.6 / 5.8-6.4, 56x56x144 (58 MB) 7.3-7.5 / 6.1-6.5. Below, the result
+# stays partly in the cache and streaming lost: input gradient N=10 112x112x96
+# (48 MB) 2.8-3.0 / 3.1-3.7, N=8 (39 MB) 1.9-2.0 / 2.5-2.8; forward N=16
+# 56x56x144 (29 MB) 2.2-2.6 / 2.4-2.8.
 _STREAM_PLANES = 50 << 20
 
 
-def _plane_streaming(plan):
-    """The plane kernels' input gradient that streams its strided planes
-    (:func:`planes.backprop_input` ``stream``), or None: strides above 1, a
-    result above ``_STREAM_PLANES`` bytes, planes of whole 64-byte lines (so that
+def _plane_streaming(plan, adjoint):
+    """The plane kernel that streams its result planes, or None: the forward
+    (:func:`planes.forward` ``stream``), or (``adjoint``) the input gradient at
+    strides above 1 (:func:`planes.backprop_input` ``stream``), for a result
+    above ``_STREAM_PLANES`` bytes whose planes are whole 64-byte lines (so that
     each plane of a 64-byte-aligned result starts on one: :func:`_kernel_for`)."""
     item = plan.dtype.itemsize
-    plane = plan.in_sizes[1] * plan.in_sizes[2] * item
-    if not (simd.STREAMS and plan.strides[1] * plan.strides[2] > 1 and plane % 64 == 0
-            and math.prod(plan.input_shape) * item > _STREAM_PLANES):
+    sizes, shape = ((plan.in_sizes, plan.input_shape) if adjoint
+                    else (plan.out_sizes, plan.output_shape))
+    if not (simd.STREAMS and (plan.strides[1] * plan.strides[2] > 1 or not adjoint)
+            and sizes[1] * sizes[2] * item % 64 == 0
+            and math.prod(shape) * item > _STREAM_PLANES):
         return None
-    return planes.backprop_input_streaming
+    return planes.backprop_input_streaming if adjoint else planes.forward_streaming
 
 
 def _kernel_for(launch, buf):
@@ -461,7 +467,7 @@ def _correlation(plan, adjoint):
             kern = planes.backprop_input if adjoint else planes.forward
             params = _plane_params(plan)
         taps = (plan.kernel[1], plan.kernel[2], plan.channels)
-        stream = _plane_streaming(plan) if adjoint and not width else None
+        stream = None if width else _plane_streaming(plan, adjoint)
         return _Launch(kern, (_plane_shape(plan, data), taps, _plane_shape(plan, res)), params,
                        raw16=not width, writes16=not width, stream=stream)
     if _transpose_pays(plan):

@@ -293,46 +293,66 @@ def _finite_taps(w, c):
     return s == 0
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def forward(x, w, y, sh, sw, rh, rw, ph, pw):
-    """y[n, c*M + m, oh, ow] = sum over (kh, kw) of
-    x[n, c, oh*sh - ph + kh*rh, ow*sw - pw + kw*rw] * w[kh, kw, c*M + m].
+def _build_forward(stream):
+    """:func:`forward`; ``stream``: each output plane assembled in a scratch plane
+    and written to y with non-temporal stores (``y`` 64-byte aligned, planes of
+    whole 64-byte lines: the driver's ``_plane_streaming``)."""
+    @njit(parallel=True, nogil=True, cache=True)
+    def forward(x, w, y, sh, sw, rh, rw, ph, pw):
+        """y[n, c*M + m, oh, ow] = sum over (kh, kw) of
+        x[n, c, oh*sh - ph + kh*rh, ow*sw - pw + kw*rw] * w[kh, kw, c*M + m].
 
-    ``x[N, C, H, W]``, ``w[KH, KW, C*M]``, ``y[N, C*M, OH, OW]``, all
-    C-contiguous (depth multiplier M: each input plane copied once for its M
-    output planes).
-    """
-    N, C, H, W = x.shape
-    KH, KW = w.shape[0], w.shape[1]
-    CM, OH, OW = y.shape[1], y.shape[2], y.shape[3]
-    M = CM // C
-    RQ, WQ, L, S = _geometry(KH, KW, OH, OW, sh, sw, rh, rw)
-    wk = w.reshape(KH * KW, CM)
-    xf = x.reshape(N * C * H * W)
-    yf = y.reshape(N * CM * OH * OW)
-    NP = N * C
-    T = _task_count(NP, H * W)
-    for job in prange(T):
-        xp, cols, offs = _task_scratch(w.dtype, KH, KW, W, sh, sw, rh, rw, pw, WQ, S)
-        acc = np.empty(L, w.dtype)
-        wv = np.empty(KH * KW, w.dtype)
-        lost_rows = _unlinked(OH, H, KH, sh, rh, ph, True)
-        lost_cols = _unlinked(OW, W, KW, sw, rw, pw, True)
-        geo = (H, W, OH, OW, sh, sw, ph, pw, RQ, WQ, S, L, (KH - 1) * rh // sh + 2)
-        for pl in range(job * NP // T, (job + 1) * NP // T):
-            n, c = pl // C, pl % C
-            copied = False
-            for k in range(c * M, (c + 1) * M):
-                if not _finite_taps(w, k):
-                    _fwd_direct(x[n, c], w, y[n, k], k, sh, sw, rh, rw, ph, pw)
-                    continue
-                for t in range(KH * KW):
-                    wv[t] = wk[t, k]
-                y0 = (n * CM + k) * OH * OW
-                _fwd_plane(xf, (n * C + c) * H * W, not copied, xp, cols, acc, offs, wv,
-                           KH * KW, yf, y0, geo)
-                copied = True
-                _clear(yf, y0, OH, OW, lost_rows, lost_cols)
+        ``x[N, C, H, W]``, ``w[KH, KW, C*M]``, ``y[N, C*M, OH, OW]``, all
+        C-contiguous (depth multiplier M: each input plane copied once for its M
+        output planes).
+        """
+        N, C, H, W = x.shape
+        KH, KW = w.shape[0], w.shape[1]
+        CM, OH, OW = y.shape[1], y.shape[2], y.shape[3]
+        M = CM // C
+        RQ, WQ, L, S = _geometry(KH, KW, OH, OW, sh, sw, rh, rw)
+        wk = w.reshape(KH * KW, CM)
+        xf = x.reshape(N * C * H * W)
+        yf = y.reshape(N * CM * OH * OW)
+        NP = N * C
+        T = _task_count(NP, H * W)
+        for job in prange(T):
+            xp, cols, offs = _task_scratch(w.dtype, KH, KW, W, sh, sw, rh, rw, pw, WQ, S)
+            acc = np.empty(L, w.dtype)
+            wv = np.empty(KH * KW, w.dtype)
+            lost_rows = _unlinked(OH, H, KH, sh, rh, ph, True)
+            lost_cols = _unlinked(OW, W, KW, sw, rw, pw, True)
+            geo = (H, W, OH, OW, sh, sw, ph, pw, RQ, WQ, S, L, (KH - 1) * rh // sh + 2)
+            # stream: each output plane assembled here, then sent to y
+            stage = np.empty(OH * OW if stream else 0, y.dtype)
+            for pl in range(job * NP // T, (job + 1) * NP // T):
+                n, c = pl // C, pl % C
+                copied = False
+                for k in range(c * M, (c + 1) * M):
+                    if not _finite_taps(w, k):
+                        _fwd_direct(x[n, c], w, y[n, k], k, sh, sw, rh, rw, ph, pw)
+                        continue
+                    for t in range(KH * KW):
+                        wv[t] = wk[t, k]
+                    y0 = (n * CM + k) * OH * OW
+                    if stream:
+                        _fwd_plane(xf, (n * C + c) * H * W, not copied, xp, cols, acc, offs,
+                                   wv, KH * KW, stage, 0, geo)
+                        _clear(stage, 0, OH, OW, lost_rows, lost_cols)
+                        _stream_copy(yf, y0, stage, 0, OH * OW)
+                    else:
+                        _fwd_plane(xf, (n * C + c) * H * W, not copied, xp, cols, acc, offs,
+                                   wv, KH * KW, yf, y0, geo)
+                        _clear(yf, y0, OH, OW, lost_rows, lost_cols)
+                    copied = True
+            if stream:
+                _sfence()
+
+    return forward
+
+
+forward = _build_forward(False)
+forward_streaming = _build_forward(True)
 
 
 @njit(inline="always")
