@@ -202,8 +202,9 @@ def test_stride_2_rows_interleave_their_phases(monkeypatch, width, pads, dtype):
 # Large results of the forward and of the strided input gradient: each plane
 # assembled in a scratch plane and sent to the result with non-temporal stores
 # (driver._STREAM_PLANES, patched to 0 here); the bits of the plain kernel, which
-# takes unaligned results.
-@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+# takes unaligned results. (float64 streams through the same dtype-generic
+# simd.stream_copy, which test_simd checks on its own.)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("op, stride, pads", [("input", 2, None), ("input", 2, [1, 0, 0, 1]),
                                               ("input", 3, None), ("forward", 1, None),
                                               ("forward", 1, [1, 1, 0, 0])])

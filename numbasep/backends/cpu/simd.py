@@ -24,6 +24,13 @@ def _mask(*lanes):
     return ir.Constant(ir.VectorType(_I32, 8), list(lanes))
 
 
+def _nontemporal(store, builder):
+    """Mark ``store`` non-temporal: the line is written to memory without the
+    read that a plain store makes first."""
+    store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(_I32, 1)]))
+    return store
+
+
 # The AVX sequence for an 8 x 8 transpose: interleave pairs of rows within each
 # 128-bit half (unpcklps / unpckhps), combine pairs of those within each half
 # (shufps), then swap halves across registers (vperm2f128): 24 shuffles, none of
@@ -216,11 +223,8 @@ class _Lanes:
         dtype = self.types[i].dtype
         if dtype not in (types.uint16, types.int16):
             if stream:
-                st = self.builder.store(value, self._ptr(i, off),
-                                        align=self.vty.count * self.align)
-                st.set_metadata("nontemporal", self.builder.module.add_metadata(
-                    [ir.Constant(ir.IntType(32), 1)]))
-                return st
+                return _nontemporal(self.builder.store(
+                    value, self._ptr(i, off), align=self.vty.count * self.align), self.builder)
             return self.store(value, i, off)
         b = self.builder
         n = self.vty.count
@@ -1005,9 +1009,8 @@ dots_rows = _by_channels(*CHANNEL_ARGS["dots_rows"], """For each channel c < cha
     vector loaded once for all taps and, where the pixel step is one or two
     column steps, each input vector once for all the taps of a block of
     ``BLOCK`` pixels that read it. Fused multiply-adds in pixel order per tap
-    and lane. 16-bit operands
-    may be bit patterns (:func:`.halves.value`). ``repeat``: as in
-    :func:`taps_rows`, for x.""")
+    and lane. 16-bit operands may be bit patterns (:func:`.halves.value`).
+    ``repeat``: as in :func:`taps_rows`, for x.""")
 
 dots_window = _by_channels(*CHANNEL_ARGS["dots_window"], """For each channel c < channels (a multiple of 8; as vectors), row r < rows and
     column j < cols: ``acc[a0 + c + r*arow + j*astep] +=``
@@ -1127,8 +1130,7 @@ def stream_copy(typingctx, dst, d0, src, s0, n):
             to_at = builder.bitcast(builder.gep(to, [builder.add(d0v, j)]), vty.as_pointer())
             st = builder.store(builder.load(at, align=size), to_at, align=64)
             if STREAMS:
-                st.set_metadata("nontemporal", builder.module.add_metadata(
-                    [ir.Constant(_I32, 1)]))
+                _nontemporal(st, builder)
             return []
         lanes = _Lanes(context, builder, signature, args)
         lanes.loop(builder.sdiv(nv, ir.Constant(ity, vty.count)), [], move)
