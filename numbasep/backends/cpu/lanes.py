@@ -24,7 +24,8 @@ input pixels of one row and one column phase (a stride apart) read the same
 sub-window, whose taps sit one output-gradient pixel apart, so each phase is a
 stride-1 gather over pixels a stride apart. The filter gradient sums the
 products of each output-gradient row with the window rows it reads in registers
-(:func:`.simd.dots_rows`). The forward and the filter gradient also take depth
+(:func:`.simd.dots_rows`), the side pixels' taps outside the map masked off in
+the same pass. The forward and the filter gradient also take depth
 multipliers 2, 4 and 8, reading each input vector once and repeating its
 channels in registers for their output channels; the stride-1 input gradient
 takes them too, computing each row's gradient of the repeated input in a
@@ -53,7 +54,6 @@ from .simd import BLOCK as _BLOCK
 from .simd import GROUPS as _GROUPS
 from .simd import WIDE as _WIDE
 from .simd import dots_rows as _dots_rows
-from .simd import dots_window as _dots_window
 from .simd import pointwise_rows as _pointwise_rows
 from .simd import prefetch as _prefetch
 from .simd import sfence as _sfence
@@ -355,31 +355,27 @@ def _side(i, a, b):
 
 
 @njit(nogil=True, cache=True)
-def _dots(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, M):
+def _dots(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, M, edges):
     """Add into ``part`` (flat ``[kh, kw, c]``, from ``a0``) the products of ``run``
     output-gradient pixels from ``dy[g0]`` (``C`` apart) with the ``rows`` x KW
     window taps they read from ``src``, pixel k's tap (r, j) at ``src[s0 +
-    k*sstep + r*rowstep + j*colstep]``. ``rows``, KW, M: compile-time constants
-    (M: ``src`` holds a depth multiplier M's input, as in :func:`_row`)."""
+    k*sstep + r*rowstep + j*colstep]``, leaving out the columns outside the map
+    that ``edges`` describes (:func:`.simd.dots_rows`, its pixel range relative
+    to pixel 0). ``rows``, KW, M: compile-time constants (M: ``src`` holds a
+    depth multiplier M's input, as in :func:`_row`)."""
     literally(rows)
     literally(KW)
     literally(M)
     n = _chunk(run, C)
+    a, b, c0, cpix = edges[0], edges[1], edges[2], edges[3]
     for k in range(0, run, n):
         # (no overlap here: each product is added once)
         m = min(n, run - k)
+        lo = min(max(a - k, 0), m)
+        hi = max(min(b - k, m), lo)
         _dots_rows(part, a0, C, src, s0 + k * sstep, sstep, rowstep, colstep, dy, g0 + k * C, C,
-                   m, C, rows, KW, M)
-
-
-@njit(inline="always")
-def _dots_pixel(part, a0, arow, src, s0, rowstep, colstep, dy, g0, C, rows, cols, M):
-    """Add one output-gradient pixel's products with the ``rows`` x ``cols`` window
-    taps inside the map into ``part`` (tap (r, j) at ``part[a0 + r*arow + j*C]``,
-    ``src[s0 + r*rowstep + j*colstep]``)."""
-    if rows <= 0 or cols <= 0:
-        return
-    _dots_window(part, a0, arow, C, src, s0, rowstep, colstep, dy, g0, rows, cols, C, M)
+                   m, C, rows, KW, M,
+                   (lo, hi, c0 + k * cpix, cpix, edges[4], edges[5], edges[6]))
 
 
 @njit(inline="always")
@@ -558,9 +554,12 @@ def _build(KH, KW, NT, M):
         _, OD, OH, OW, C = dy.shape
         P = parts.shape[0]
         rows = N * OD * OH
+        # pixels [lo, hi) have a tap inside the map's columns, [a, b) all their taps
+        lo, hi = _span(OW, -pw, sw, rw, KW, W, 1)
         a, b = _span(OW, -pw, sw, rw, KW, W, KW)
         if a >= b:
-            a = b = 0
+            a = b = lo
+        edges = (a - lo, b - lo, lo * sw - pw, sw, rw, W, CI)
         xf = x.reshape(N * D * H * W * CI)
         dyf = dy.reshape(N * OD * OH * OW * C)
         ahead = (x.size * x.itemsize + dy.size * dy.itemsize > _PREFETCH_BYTES
@@ -577,23 +576,18 @@ def _build(KH, KW, NT, M):
                 n, od = _split(nd, OD)
                 ih0 = oh * sh - ph
                 k0, k1 = _taps_inside(ih0, rh, KH, H)
-                if a < b:
-                    s0 = ((n * H + ih0) * W + a * sw - pw) * CI
-                    g0 = (job * OW + a) * C
-                    if ALL == KH and k0 == 0 and k1 == KH:
-                        _dots(pf, 0, xf, s0, sw * CI, W * rh * CI, rw * CI, dyf, g0, C, b - a,
-                              ALL, KW, M)
-                    else:
-                        for r in range(k0, k1):
-                            _dots(pf, r * KW * C, xf, s0 + r * W * rh * CI, sw * CI, 0, rw * CI,
-                                  dyf, g0, C, b - a, 1, KW, M)
-                for i in range(a + OW - b):
-                    ow = _side(i, a, b)
-                    iw0 = ow * sw - pw
-                    j0, j1 = _taps_inside(iw0, rw, KW, W)
-                    _dots_pixel(pf, (k0 * KW + j0) * C, KW * C, xf,
-                                ((n * H + ih0 + k0 * rh) * W + iw0 + j0 * rw) * CI, W * rh * CI,
-                                rw * CI, dyf, (job * OW + ow) * C, C, k1 - k0, j1 - j0, M)
+                if lo >= hi:
+                    continue
+                # (s0 points at pixel lo's first tap column, which may lie outside)
+                s0 = ((n * H + ih0) * W + lo * sw - pw) * CI
+                g0 = (job * OW + lo) * C
+                if ALL == KH and k0 == 0 and k1 == KH:
+                    _dots(pf, 0, xf, s0, sw * CI, W * rh * CI, rw * CI, dyf, g0, C, hi - lo,
+                          ALL, KW, M, edges)
+                else:
+                    for r in range(k0, k1):
+                        _dots(pf, r * KW * C, xf, s0 + r * W * rh * CI, sw * CI, 0, rw * CI,
+                              dyf, g0, C, hi - lo, 1, KW, M, edges)
 
     return forward, backprop_input, backprop_input_strided, backprop_filter, separable_forward
 

@@ -2,9 +2,8 @@
 
 Each works on float32 or float64 arrays (one element type per call) and leaves
 bounds to the caller, like the kernels' unsigned indexing does. The correlation
-and filter-gradient intrinsics (``taps_rows``, ``taps_window``, ``dots_rows``,
-``dots_window``) take a channel count, a multiple of 8, and run 16 lanes at a
-time where the CPU has AVX-512 (8 elsewhere), then 8 for a last group of 8; they
+and filter-gradient intrinsics (``taps_rows``, ``taps_window``, ``dots_rows``)
+take a channel count, a multiple of 8, and run 16 lanes at a time where the CPU has AVX-512 (8 elsewhere), then 8 for a last group of 8; they
 read 16-bit operands given as bit patterns and write 16-bit results that way.
 So does ``sum_groups``, which sums a depth multiplier's groups of channels.
 """
@@ -286,6 +285,69 @@ def _taps(taps):
     return taps.literal_value if isinstance(taps, types.IntegerLiteral) else None
 
 
+def _edges_typed(edges, length):
+    """Whether ``edges`` types as None or a ``length``-tuple of integers; None if not."""
+    if isinstance(edges, types.NoneType):
+        return False
+    if isinstance(edges, types.BaseTuple) and len(edges) == length and \
+            all(isinstance(t, types.Integer) for t in edges):
+        return True
+    return None
+
+
+class _Columns:
+    """The columns of a map that an ``edges`` tuple (c0, cpix, ctap, clim,
+    cstride), from item ``first`` of ``value``, describes: pixel k's tap j reads
+    column ``c0 + k*cpix + j*ctap`` of a map ``clim`` columns wide, whose
+    columns are ``cstride`` elements apart. A tap outside the map is still
+    loaded, from a column inside, so that no load leaves the map; its lanes
+    mask keeps its sum as it was."""
+
+    def __init__(self, context, builder, value, typ, first, width):
+        self.b = builder
+        self.width = width
+        self.c0, self.cpix, self.ctap, self.clim, self.cstride = (
+            context.cast(builder, builder.extract_value(value, i), typ[i], types.intp)
+            for i in range(first, first + 5))
+        self.ity = self.c0.type
+
+    def column(self, k, j):
+        """The column pixel k's tap j reads."""
+        b = self.b
+        return b.add(self.c0, b.add(b.mul(k, self.cpix),
+                                    b.mul(ir.Constant(self.ity, j), self.ctap)))
+
+    def inside(self, col):
+        return self.b.icmp_unsigned("<", col, self.clim)
+
+    def clamp(self, col):
+        """(the element offset that moves column ``col`` into the map, the lanes
+        mask saying whether it was inside: all lanes alike)."""
+        b = self.b
+        ok = self.inside(col)
+        zero = ir.Constant(self.ity, 0)
+        fixed = b.select(b.icmp_signed("<", col, zero), zero, b.select(
+            ok, col, b.sub(self.clim, ir.Constant(self.ity, 1))))
+        mty = ir.IntType(self.width)
+        mask = b.bitcast(b.select(ok, ir.Constant(mty, -1), ir.Constant(mty, 0)),
+                         ir.VectorType(ir.IntType(1), self.width))
+        return b.mul(b.sub(fixed, col), self.cstride), mask
+
+
+def _block_clamps(cols, k0, count, kw, mode):
+    """:meth:`_Columns.clamp` of each column a block of ``count`` pixels from pixel
+    ``k0`` reads with its ``kw`` taps, keyed (pixel, tap), or, where the pixel
+    step is ``mode`` tap steps, by the column ``mode*pixel + tap`` they share."""
+    out = {}
+    for p in range(count):
+        for j in range(kw):
+            key = (p, j) if mode is None else mode * p + j
+            if key not in out:
+                k = cols.b.add(k0, ir.Constant(cols.ity, p))
+                out[key] = cols.clamp(cols.column(k, j))
+    return out
+
+
 @intrinsic
 def taps_dot8(typingctx, acc, a0, astep, x, s0, sstep, srow, toffs, g, g0, gstep, grow, n, m,
               taps):
@@ -478,9 +540,8 @@ def _taps_rows(width):
         KW, NT, REP, TOG = _taps(kw), _taps(stream), _taps(repeat), _taps(together)
         if KW is None or NT is None or REP not in _REPEATS or TOG is None or TOG < 1:
             return None
-        EDGES = not isinstance(edges, types.NoneType)
-        if EDGES and not (isinstance(edges, types.BaseTuple) and len(edges) == 5
-                          and all(isinstance(t, types.Integer) for t in edges)):
+        EDGES = _edges_typed(edges, 5)
+        if EDGES is None:
             return None
         sig = types.void(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n,
                          rows, groups, kw, stream, edges, repeat, together)
@@ -496,42 +557,12 @@ def _taps_rows(width):
                 return ir.Constant(ity, i)
 
             if EDGES:
-                c0v, cpixv, ctapv, climv, cstridev = (
-                    context.cast(builder, builder.extract_value(edgesv, i), t, types.intp)
-                    for i, t in enumerate(signature.args[-3]))
-
-            def column(k, j):
-                """The column pixel k's tap j reads (``edges``)."""
-                return builder.add(c0v, builder.add(builder.mul(k, cpixv),
-                                                    builder.mul(const(j), ctapv)))
-
-            def inside(col):
-                return builder.icmp_unsigned("<", col, climv)
+                cols = _Columns(context, builder, edgesv, signature.args[-3], 0, width)
 
             def clamps(k0, count, mode):
-                """Per input vector a block loads (keyed as ``tap`` keys them): the offset
-                that moves its column into the map (a vector of a column outside is
-                still loaded, from a column inside, so that no load leaves the map)
-                and the lanes mask saying whether the column was inside (all lanes
-                alike)."""
-                out = {}
-                mty = ir.IntType(width)
-                for p in range(count):
-                    for k in range(KW):
-                        key = (p, k) if mode is None else mode * p + k
-                        if key in out:
-                            continue
-                        col = column(builder.add(k0, const(p)), k)
-                        ok = inside(col)
-                        low = builder.icmp_signed("<", col, const(0))
-                        fixed = builder.select(low, const(0), builder.select(
-                            ok, col, builder.sub(climv, const(1))))
-                        adj = builder.mul(builder.sub(fixed, col), cstridev)
-                        mask = builder.bitcast(
-                            builder.select(ok, ir.Constant(mty, -1), ir.Constant(mty, 0)),
-                            ir.VectorType(ir.IntType(1), width))
-                        out[key] = (adj, mask)
-                return out
+                """Per input vector a block loads, keyed as ``tap`` keys them:
+                :meth:`_Columns.clamp` of its column."""
+                return _block_clamps(cols, k0, count, KW, mode)
 
             def row_taps(base, wg, r, sums, count, mode, edge=None):
                 """Add window row r's taps into the sums of ``count`` pixels from
@@ -607,7 +638,7 @@ def _taps_rows(width):
                 if not EDGES:
                     return group(k0, g, count, mode)
                 last = builder.add(k0, const(count - 1))
-                ends = [inside(column(k, j)) for k in (k0, last) for j in (0, KW - 1)]
+                ends = [cols.inside(cols.column(k, j)) for k in (k0, last) for j in (0, KW - 1)]
                 whole = ends[0]
                 for e in ends[1:]:
                     whole = builder.and_(whole, e)
@@ -746,16 +777,17 @@ _PAIRED_SUMS = 18
 
 def _dots_rows(width):
     def dots_rows(typingctx, acc, a0, astep, x, s0, sstep, rowstep, colstep, g, g0, gstep, n,
-                  groups, rows, kw, repeat):
+                  groups, rows, kw, repeat, edges):
         ROWS, KW, REP = _taps(rows), _taps(kw), _taps(repeat)
-        if ROWS is None or KW is None or REP not in _REPEATS:
+        EDGES = _edges_typed(edges, 7)
+        if ROWS is None or KW is None or REP not in _REPEATS or EDGES is None:
             return None
         sig = types.void(acc, a0, astep, x, s0, sstep, rowstep, colstep, g, g0, gstep, n,
-                         groups, rows, kw, repeat)
+                         groups, rows, kw, repeat, edges)
 
         def codegen(context, builder, signature, args):
             (_, a0v, astepv, _, s0v, sstepv, rowv, colv, _, g0v, gstepv, nv, gv, _, _,
-             _) = args
+             _, edgesv) = args
             v = _Lanes(context, builder, signature, args, width)
             ity = s0v.type
             fma = v.fma()
@@ -763,34 +795,48 @@ def _dots_rows(width):
             def const(i):
                 return ir.Constant(ity, i)
 
-            def pixels(xg, gg, k0, count, mode, sums):
+            if EDGES:
+                # pixels [lo, hi) have every tap inside; the others are masked
+                lo, hi = (context.cast(builder, builder.extract_value(edgesv, i),
+                                       signature.args[-1][i], types.intp) for i in (0, 1))
+                columns = _Columns(context, builder, edgesv, signature.args[-1], 2, width)
+            else:
+                lo, hi = const(0), nv
+
+            def pixels(xg, gg, k0, count, mode, sums, masked=False):
                 dys = [v.value(8, builder.add(gg, builder.mul(builder.add(k0, const(p)),
                                                               gstepv)))
                        for p in range(count)]
                 base = builder.add(xg, builder.mul(k0, sstepv))
+                edge = _block_clamps(columns, k0, count, KW, mode) if masked else None
                 out = list(sums)
                 for r in range(ROWS):
                     rb = builder.add(base, builder.mul(const(r), rowv))
                     cols = {}
 
                     def tap(p, j):
+                        key = (p, j) if mode is None else mode * p + j
+                        if key in cols:
+                            return cols[key]
                         if mode is None:
-                            return v.value(3, builder.add(rb, builder.add(
-                                builder.mul(const(p), sstepv), builder.mul(const(j), colv))),
-                                REP)
-                        c = mode * p + j
-                        if c not in cols:
-                            cols[c] = v.value(3, builder.add(rb, builder.mul(const(c), colv)),
-                                              REP)
-                        return cols[c]
+                            off = builder.add(rb, builder.add(
+                                builder.mul(const(p), sstepv), builder.mul(const(j), colv)))
+                        else:
+                            off = builder.add(rb, builder.mul(const(key), colv))
+                        if edge is not None:
+                            off = builder.add(off, edge[key][0])
+                        cols[key] = v.value(3, off, REP)
+                        return cols[key]
                     for p in range(count):
                         for j in range(KW):
                             t = r * KW + j
-                            out[t] = builder.call(fma, [tap(p, j), dys[p], out[t]])
+                            new = builder.call(fma, [tap(p, j), dys[p], out[t]])
+                            out[t] = new if edge is None else builder.select(
+                                edge[(p, j) if mode is None else mode * p + j][1], new, out[t])
                 return out
 
-            blocks = builder.sdiv(nv, const(BLOCK))
-            done = builder.mul(blocks, const(BLOCK))
+            blocks = builder.sdiv(builder.sub(hi, lo), const(BLOCK))
+            done = builder.add(lo, builder.mul(blocks, const(BLOCK)))
 
             def groups_at(gis, mode):
                 goffs = [builder.mul(gi, const(width)) for gi in gis]
@@ -801,16 +847,23 @@ def _dots_rows(width):
                 sums = [v.load(0, a) for a in aoffs]
                 taps = ROWS * KW
 
-                def each(k0, count, mode, s):
+                def each(k0, count, mode, s, masked=False):
                     out = []
                     for i, (xg, gg) in enumerate(at):
-                        out += pixels(xg, gg, k0, count, mode, s[i * taps:(i + 1) * taps])
+                        out += pixels(xg, gg, k0, count, mode, s[i * taps:(i + 1) * taps],
+                                      masked)
                     return out
 
+                if EDGES:
+                    # the pixels before the interior, one at a time, masked
+                    sums = v.loop(lo, sums, lambda j, s: each(j, 1, None, s, True))
                 sums = v.loop(blocks, sums, lambda j, s: each(
-                    builder.mul(j, const(BLOCK)), BLOCK, mode, s))
-                sums = v.loop(builder.sub(nv, done), sums, lambda j, s: each(
+                    builder.add(lo, builder.mul(j, const(BLOCK))), BLOCK, mode, s))
+                sums = v.loop(builder.sub(hi, done), sums, lambda j, s: each(
                     builder.add(done, j), 1, None, s))
+                if EDGES:
+                    sums = v.loop(builder.sub(nv, hi), sums, lambda j, s: each(
+                        builder.add(hi, j), 1, None, s, True))
                 for a_, s in zip(aoffs, sums):
                     v.store(s, 0, a_)
                 return []
@@ -843,53 +896,6 @@ def _dots_rows(width):
         return sig, codegen
 
     return dots_rows
-
-
-def _dots_window(width):
-    def dots_window(typingctx, acc, a0, arow, astep, x, s0, rowstep, colstep, g, g0, rows, cols,
-                    groups, repeat):
-        REP = _taps(repeat)
-        if REP not in _REPEATS:
-            return None
-        sig = types.void(acc, a0, arow, astep, x, s0, rowstep, colstep, g, g0, rows, cols,
-                         groups, repeat)
-
-        def codegen(context, builder, signature, args):
-            _, a0v, arowv, astepv, _, s0v, rowv, colv, _, g0v, rowsv, colsv, gv, _ = args
-            v = _Lanes(context, builder, signature, args, width)
-            ity = s0v.type
-            fma = v.fma()
-
-            def const(i):
-                return ir.Constant(ity, i)
-
-            def groups_at(q0, count):
-                offs = [builder.mul(builder.add(q0, const(k)), const(width))
-                        for k in range(count)]
-                dys = [v.value(8, builder.add(g0v, o)) for o in offs]
-
-                def tap(r, j, _):
-                    xo = builder.add(s0v, builder.add(builder.mul(r, rowv), builder.mul(j, colv)))
-                    ao = builder.add(a0v, builder.add(builder.mul(r, arowv),
-                                                      builder.mul(j, astepv)))
-                    for o, d in zip(offs, dys):
-                        at = builder.add(ao, o)
-                        xv = v.value(4, builder.add(xo, builder.sdiv(o, const(REP))), REP)
-                        v.store(builder.call(fma, [xv, d, v.load(0, at)]), 0, at)
-                    return []
-
-                v.loop(rowsv, [], lambda r, _: v.loop(colsv, [], lambda j, c: tap(r, j, c)))
-                return []
-
-            quads = builder.sdiv(gv, const(4))
-            v.loop(quads, [], lambda q, _: groups_at(builder.mul(q, const(4)), 4))
-            rest = builder.mul(quads, const(4))
-            v.loop(builder.sub(gv, rest), [], lambda k, _: groups_at(builder.add(rest, k), 1))
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return dots_window
 
 
 def _sum_groups(width):
@@ -955,7 +961,6 @@ CHANNEL_ARGS = {
     "taps_rows": (_taps_rows, (1, 4, 9), 14, (4, 18), None),
     "taps_window": (_taps_window, (1, 3, 7), 12, None, None),
     "dots_rows": (_dots_rows, (1, 4, 9), 12, (4, 15), None),
-    "dots_window": (_dots_window, (1, 5, 9), 12, (5, 13), None),
     "sum_groups": (_sum_groups, (1, 4), 7, None, (4, 8)),
 }
 
@@ -1010,14 +1015,16 @@ dots_rows = _by_channels(*CHANNEL_ARGS["dots_rows"], """For each channel c < cha
     column steps, each input vector once for all the taps of a block of
     ``BLOCK`` pixels that read it. Fused multiply-adds in pixel order per tap
     and lane. 16-bit operands may be bit patterns (:func:`.halves.value`).
-    ``repeat``: as in :func:`taps_rows`, for x.""")
+    ``repeat``: as in :func:`taps_rows`, for x.
 
-dots_window = _by_channels(*CHANNEL_ARGS["dots_window"], """For each channel c < channels (a multiple of 8; as vectors), row r < rows and
-    column j < cols: ``acc[a0 + c + r*arow + j*astep] +=``
-    ``x[s0 + c + r*rowstep + j*colstep] * g[g0 + c]``: one output-gradient pixel
-    whose window the map's edges cut, into the filter gradient's sums (fused,
-    four channel groups side by side); ``repeat``: as in :func:`taps_rows`, for
-    x.""")
+    ``edges``: None, or (lo, hi, c0, cpix, ctap, clim, cstride): the sum leaves
+    out the taps that fall outside a map's columns, pixel k's tap j reading
+    column ``c0 + k*cpix + j*ctap`` of ``clim`` (``cstride`` elements apart;
+    the x offsets then point at the column, inside the map or not). Pixels [lo,
+    hi) must have every tap inside; the others are summed one at a time, their
+    taps outside loaded from a column inside and left out of the sums by a
+    mask, so that a map's side pixels join the sums in registers, in pixel
+    order, with the pixels between them.""")
 
 sum_groups = _by_channels(*CHANNEL_ARGS["sum_groups"], """For each pixel k < n and channel c < channels (a multiple of 8; as vectors):
     ``dst[d0 + c + k*dstep] = src[s0 + c*repeat + k*sstep] + src[s0 + c*repeat + 1 +
