@@ -129,7 +129,7 @@ def lanes(request, monkeypatch):
     return build
 
 
-@pytest.mark.parametrize("channels", [8, 24, 40])
+@pytest.mark.parametrize("channels", [8, 24, 40, 56])
 @pytest.mark.parametrize("step", [1, 2, -1, 3], ids=["forward", "stride2", "gather", "other"])
 @pytest.mark.parametrize("n", [0, 3, 9])
 def test_taps_rows_sums_each_pixel_in_order(lanes, channels, step, n):
@@ -137,9 +137,10 @@ def test_taps_rows_sums_each_pixel_in_order(lanes, channels, step, n):
     pixel step the intrinsic shares loads on (1 and -1 column steps) and others;
     blocks that overlap at the end of the row; nothing else written."""
     taps_rows = lanes("taps_rows")
-    # channel groups per block: one across the row, or two (40 channels in 8 lanes:
-    # chunks of 2, 2 and 1 groups)
-    together = 2 if channels == 40 else 1
+    # channel groups per block: one across the row, or a chunk of two (40 channels
+    # in 8 lanes: chunks of 2, 2 and 1 groups) or four (56), whose blocks 16 lanes
+    # compute in pairs side by side (negative: 56 channels, a pair and one alone)
+    together = {40: 2, 56: -4}.get(channels, 1)
 
     @numba.njit
     def run(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
@@ -171,7 +172,7 @@ def test_taps_rows_sums_each_pixel_in_order(lanes, channels, step, n):
                                                (1, 2, -4, 8)],
                          ids=["forward", "gather", "stride2", "dilation2"])
 @pytest.mark.parametrize("first", [0, 1], ids=["blocks", "singles"])
-@pytest.mark.parametrize("channels", [8, 24])
+@pytest.mark.parametrize("channels", [8, 24, 40])
 def test_taps_rows_leaves_out_the_columns_outside(lanes, cpix, ctap, c0, n, first, channels):
     """``edges``: a row of pixels whose windows both sides of a 5-column map cut
     (blocks, and single pixels when fewer than a block), each summing the taps
@@ -179,7 +180,9 @@ def test_taps_rows_leaves_out_the_columns_outside(lanes, cpix, ctap, c0, n, firs
     -0); the columns outside hold NaN, which no sum may see, and those read in
     their place are not added."""
     taps_rows = lanes("taps_rows")
-    together = 2 if channels == 24 else 1      # 24 in 8 lanes: chunks of 2 and 1 groups
+    # 24 in 8 lanes: chunks of 2 and 1 groups; 40 in 16 lanes: a pair of groups
+    # side by side (a negative ``together``)
+    together = {8: 1, 24: 2, 40: -2}[channels]
 
     @numba.njit
     def run(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,

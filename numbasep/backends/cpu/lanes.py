@@ -147,6 +147,15 @@ _LONG_ROW = 1 << 14
 _LONG_ROW_CHUNK = 1 << 12
 
 
+# Short rows (at most _PAIRED_ROW pixels) of windows at least _PAIRED_TAPS
+# wide compute two channel groups' blocks side by side (:func:`.simd.taps_rows`
+# with a negative ``together``): 8 chains of multiply-adds in flight, where a
+# block's 4 leave FMA units idle.
+_PAIRED_TAPS = 5
+_PAIRED_ROW = 16
+_GROUP_PAIRS = -_GROUPS
+
+
 @njit(nogil=True, cache=True)
 def _row(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW, NT, edges, M):
     """``run`` output pixels from ``dst[d0]`` on, ``C`` apart: the taps of window
@@ -168,8 +177,14 @@ def _row(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW, NT, 
     n = _chunk(run, C)
     for k in range(0, run, n):
         k = min(k, run - n)
-        _taps_rows(dst, d0 + k * C, C, src, s0 + k * sstep, sstep, rowstep, colstep, wt,
-                   k0 * KW * C, KW * C, C, n, rows, C, KW, NT, _shifted(edges, k), M, _GROUPS)
+        if KW >= _PAIRED_TAPS and n <= _PAIRED_ROW:
+            _taps_rows(dst, d0 + k * C, C, src, s0 + k * sstep, sstep, rowstep, colstep, wt,
+                       k0 * KW * C, KW * C, C, n, rows, C, KW, NT, _shifted(edges, k), M,
+                       _GROUP_PAIRS)
+        else:
+            _taps_rows(dst, d0 + k * C, C, src, s0 + k * sstep, sstep, rowstep, colstep, wt,
+                       k0 * KW * C, KW * C, C, n, rows, C, KW, NT, _shifted(edges, k), M,
+                       _GROUPS)
 
 
 @njit(inline="always")

@@ -451,6 +451,7 @@ BLOCK = 4
 # 5x5 (N=32, 8 / all: 1.45 / 1.72-1.82), whose window rows then leave L1.
 GROUPS = 8
 
+
 # How a block's taps map to input columns, by the pixel step over the column
 # step m: pixel p's tap j reads column m*p + j (m = 1: the forward at stride and
 # dilation 1; m = -1: the input gradient's gather, whose column step is
@@ -538,8 +539,10 @@ def _taps_rows(width):
     def taps_rows(typingctx, dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow,
                   wstep, n, rows, groups, kw, stream, edges, repeat, together):
         KW, NT, REP, TOG = _taps(kw), _taps(stream), _taps(repeat), _taps(together)
-        if KW is None or NT is None or REP not in _REPEATS or TOG is None or TOG < 1:
+        if KW is None or NT is None or REP not in _REPEATS or TOG is None or TOG == 0:
             return None
+        # together < 0: chunks of -together groups, their blocks computed in pairs
+        PAIRED, TOG = TOG < 0, abs(TOG)
         EDGES = _edges_typed(edges, 5)
         if EDGES is None:
             return None
@@ -608,27 +611,37 @@ def _taps_rows(width):
                                                                          new, out[p])
                 return out
 
-            def group(k0, g, count, mode, masked=False):
-                goff = builder.mul(g, const(width))
-                base = builder.add(builder.add(s0v, builder.mul(g, const(width // REP))),
-                                   builder.mul(k0, sstepv))
-                wg = builder.add(w0v, goff)
+            def group(k0, gs, count, mode, masked=False):
+                """The block of ``count`` pixels from k0 in each channel group of
+                ``gs``, their sums side by side (independent chains of
+                multiply-adds, each in the order of its taps)."""
+                gs = gs if isinstance(gs, list) else [gs]
+                goffs = [builder.mul(g, const(width)) for g in gs]
+                bases = [builder.add(builder.add(s0v, builder.mul(g, const(width // REP))),
+                                     builder.mul(k0, sstepv)) for g in gs]
+                wgs = [builder.add(w0v, goff) for goff in goffs]
+
+                def rows_of(r, sums, edge=None):
+                    out = []
+                    for i, (base, wg) in enumerate(zip(bases, wgs)):
+                        out += row_taps(base, wg, r, None if sums is None else
+                                        sums[i * count:(i + 1) * count], count, mode, edge)
+                    return out
                 if masked:
                     # every sum starts at -0 and takes each tap inside by a fused
                     # multiply-add: fma(x, w, -0) is x*w rounded alone, to the bit
                     edge = clamps(k0, count, mode)
-                    start = [ir.Constant(v.vty, [-0.0] * width)] * count
-                    sums = v.loop(rowsv, start,
-                                  lambda r, sums: row_taps(base, wg, r, sums, count, mode, edge))
+                    start = [ir.Constant(v.vty, [-0.0] * width)] * (count * len(gs))
+                    sums = v.loop(rowsv, start, lambda r, sums: rows_of(r, sums, edge))
                 else:
-                    first = row_taps(base, wg, const(0), None, count, mode)
-                    sums = v.loop(builder.sub(rowsv, const(1)), first,
-                                  lambda r, sums: row_taps(base, wg, builder.add(r, const(1)),
-                                                           sums, count, mode))
-                dg = builder.add(d0v, goff)
-                for p in range(count):
-                    k = builder.add(k0, const(p))
-                    v.put(sums[p], 0, builder.add(dg, builder.mul(k, dstepv)), NT)
+                    sums = v.loop(builder.sub(rowsv, const(1)), rows_of(const(0), None),
+                                  lambda r, sums: rows_of(builder.add(r, const(1)), sums))
+                for i, goff in enumerate(goffs):
+                    dg = builder.add(d0v, goff)
+                    for p in range(count):
+                        k = builder.add(k0, const(p))
+                        v.put(sums[i * count + p], 0, builder.add(dg, builder.mul(k, dstepv)),
+                              NT)
                 return []
 
             def checked(k0, g, count, mode):
@@ -648,6 +661,10 @@ def _taps_rows(width):
                     with miss:
                         group(k0, g, count, mode, True)
                 return []
+
+            # two groups' blocks side by side: 8 chains of multiply-adds in flight
+            # (registers for 8 sums and 2 window rows of weights: AVX-512's 32)
+            PAIRS = width == 16 and PAIRED
 
             # ceil(n / BLOCK) blocks, the last one ending at pixel n (it overlaps the
             # one before and stores the same values again, as each pixel's sums are
@@ -677,20 +694,30 @@ def _taps_rows(width):
                     return
                 per = const(TOG)
 
-                def groups_of(c, fn):
+                def groups_of(c, fn, paired):
                     g0 = builder.mul(c, per)
                     left = builder.sub(gv, g0)
                     count = builder.select(builder.icmp_signed("<", left, per), left, per)
-                    v.loop(count, [], lambda i, _: fn(builder.add(g0, i)))
+                    if not paired:
+                        v.loop(count, [], lambda i, _: fn(builder.add(g0, i)))
+                        return []
+                    two = const(2)
+                    pairs = builder.sdiv(count, two)
+                    v.loop(pairs, [], lambda i, _: fn(
+                        [builder.add(g0, builder.mul(i, two)),
+                         builder.add(g0, builder.add(builder.mul(i, two), const(1)))]))
+                    v.loop(builder.sub(count, builder.mul(pairs, two)), [],
+                           lambda i, _: fn(builder.add(g0, builder.sub(count, const(1)))))
                     return []
 
-                def across(c, _):
+                def across(c, paired):
                     v.loop(blocks, [], lambda j, _: groups_of(
-                        c, lambda g: checked(block_start(j), g, BLOCK, mode)))
+                        c, lambda g: checked(block_start(j), g, BLOCK, mode), paired))
                     v.loop(singles, [], lambda j, _: groups_of(
-                        c, lambda g: checked(j, g, 1, None)))
+                        c, lambda g: checked(j, g, 1, None), paired))
                     return []
-                v.loop(builder.sdiv(builder.add(gv, const(TOG - 1)), per), [], across)
+                chunks = builder.sdiv(builder.add(gv, const(TOG - 1)), per)
+                v.loop(chunks, [], lambda c, _: across(c, PAIRS))
 
             def dispatch(modes):
                 if modes[0] is None:
@@ -981,7 +1008,10 @@ taps_rows = _by_channels(*CHANNEL_ARGS["taps_rows"], """For each pixel k < n and
     steps count x's own elements; each vector of x is read as lanes / repeat
     elements repeated in registers). ``together`` (a compile-time count): the
     channel groups each block of pixels takes before the next block (1: one
-    group at a time across the whole row; see ``GROUPS``).
+    group at a time across the whole row; see ``GROUPS``); negative: as many
+    as its magnitude, two groups' blocks side by side with 16 lanes (8
+    independent chains of multiply-adds, where one block's 4 leave FMA units
+    idle: the lane kernels' short rows of 5x5 and 7x7 windows).
 
     A correlation's inner loops over a row of pixels, ``together`` groups of 16
     (then 8) channels at a time: blocks of ``BLOCK`` pixels whose sums stay in
