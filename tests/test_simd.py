@@ -436,6 +436,35 @@ def test_dots_rows_adds_each_taps_sum(lanes, channels, step, n, rows, edges):
     assert np.array_equal(acc[~touched], before[~touched])
 
 
+@pytest.mark.parametrize("channels", [8, 72])
+@pytest.mark.parametrize("rows, cols", [(1, 1), (2, 3)])
+def test_dots_window_adds_one_pixels_products(lanes, channels, rows, cols):
+    dots_window = lanes("dots_window")
+
+    @numba.njit
+    def run(acc, a0, arow, astep, x, s0, rowstep, colstep, g, g0, rows, cols, channels):
+        dots_window(acc, a0, arow, astep, x, s0, rowstep, colstep, g, g0, rows, cols, channels,
+                    1)
+
+    rng = np.random.default_rng(channels + rows * 3 + cols)
+    C = channels + 8
+    x = rng.standard_normal(100 * C).astype(np.float32)
+    g = rng.standard_normal(4 * C).astype(np.float32)
+    acc = rng.standard_normal(12 * C).astype(np.float32)
+    before = acc.copy()
+    s0, rowstep, colstep = 60 * C + 1, -20 * C, -C
+    want = _dots_want(acc, x, g, 2, 3 * C, C, s0, 0, rowstep, colstep, 3, 0, 1, rows, cols,
+                      channels)
+    run(acc, 2, 3 * C, C, x, s0, rowstep, colstep, g, 3, rows, cols, channels)
+    np.testing.assert_allclose(acc, want, rtol=1e-5, atol=1e-5)
+    touched = np.zeros(acc.size, bool)
+    for r in range(rows):
+        for j in range(cols):
+            at = 2 + r * 3 * C + j * C
+            touched[at:at + channels] = True
+    assert np.array_equal(acc[~touched], before[~touched])
+
+
 def test_fma_rounds_once():
     """``fma(a, b, c)`` is exact where ``a*b + c`` in two roundings is not."""
     @numba.njit

@@ -24,8 +24,8 @@ input pixels of one row and one column phase (a stride apart) read the same
 sub-window, whose taps sit one output-gradient pixel apart, so each phase is a
 stride-1 gather over pixels a stride apart. The filter gradient sums the
 products of each output-gradient row with the window rows it reads in registers
-(:func:`.simd.dots_rows`), the side pixels' taps outside the map masked off in
-the same pass. The forward and the filter gradient also take depth
+(:func:`.simd.dots_rows`); with 3x3 windows the side pixels join the same
+pass, their taps outside the map masked off. The forward and the filter gradient also take depth
 multipliers 2, 4 and 8, reading each input vector once and repeating its
 channels in registers for their output channels; the stride-1 input gradient
 takes them too, computing each row's gradient of the repeated input in a
@@ -54,6 +54,7 @@ from .simd import BLOCK as _BLOCK
 from .simd import GROUPS as _GROUPS
 from .simd import WIDE as _WIDE
 from .simd import dots_rows as _dots_rows
+from .simd import dots_window as _dots_window
 from .simd import pointwise_rows as _pointwise_rows
 from .simd import prefetch as _prefetch
 from .simd import sfence as _sfence
@@ -382,15 +383,28 @@ def _dots(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, 
     literally(KW)
     literally(M)
     n = _chunk(run, C)
-    a, b, c0, cpix = edges[0], edges[1], edges[2], edges[3]
     for k in range(0, run, n):
         # (no overlap here: each product is added once)
         m = min(n, run - k)
-        lo = min(max(a - k, 0), m)
-        hi = max(min(b - k, m), lo)
-        _dots_rows(part, a0, C, src, s0 + k * sstep, sstep, rowstep, colstep, dy, g0 + k * C, C,
-                   m, C, rows, KW, M,
-                   (lo, hi, c0 + k * cpix, cpix, edges[4], edges[5], edges[6]))
+        if edges is None:
+            _dots_rows(part, a0, C, src, s0 + k * sstep, sstep, rowstep, colstep, dy, g0 + k * C,
+                       C, m, C, rows, KW, M, None)
+        else:
+            lo = min(max(edges[0] - k, 0), m)
+            hi = max(min(edges[1] - k, m), lo)
+            _dots_rows(part, a0, C, src, s0 + k * sstep, sstep, rowstep, colstep, dy, g0 + k * C,
+                       C, m, C, rows, KW, M,
+                       (lo, hi, edges[2] + k * edges[3], edges[3], edges[4], edges[5], edges[6]))
+
+
+@njit(inline="always")
+def _dots_pixel(part, a0, arow, src, s0, rowstep, colstep, dy, g0, C, rows, cols, M):
+    """Add one output-gradient pixel's products with the ``rows`` x ``cols`` window
+    taps inside the map into ``part`` (tap (r, j) at ``part[a0 + r*arow + j*C]``,
+    ``src[s0 + r*rowstep + j*colstep]``)."""
+    if rows <= 0 or cols <= 0:
+        return
+    _dots_window(part, a0, arow, C, src, s0, rowstep, colstep, dy, g0, rows, cols, C, M)
 
 
 @njit(inline="always")
@@ -557,6 +571,13 @@ def _build(KH, KW, NT, M):
     # window rows summed in one pass over a row of pixels: all of a 3x3 window's
     # (9 sums in registers); one at a time for larger windows
     ALL = KH if KH * KW <= 9 else 1
+    # The filter gradient's side pixels: with all window rows in one pass, in the
+    # row's sums, their taps outside masked off (:func:`.simd.dots_rows` edges);
+    # with larger windows, a window row a pass, one pixel at a time after the
+    # row, all its taps inside at once (:func:`.simd.dots_window`), which was
+    # faster there (2 threads, N=32, masked / after: 28x28x240 5x5 2.6-2.8 /
+    # 2.2 ms, 56x56x96 7x7 7.6-8.2 / 6.7-6.9).
+    SIDES = ALL != KH
 
     @njit(parallel=True, nogil=True, cache=True)
     def backprop_filter(x, dy, parts, sd, sh, sw, rd, rh, rw, pd, ph, pw):
@@ -574,6 +595,8 @@ def _build(KH, KW, NT, M):
         a, b = _span(OW, -pw, sw, rw, KW, W, KW)
         if a >= b:
             a = b = lo
+        if SIDES:
+            lo, hi = a, b
         edges = (a - lo, b - lo, lo * sw - pw, sw, rw, W, CI)
         xf = x.reshape(N * D * H * W * CI)
         dyf = dy.reshape(N * OD * OH * OW * C)
@@ -591,18 +614,29 @@ def _build(KH, KW, NT, M):
                 n, od = _split(nd, OD)
                 ih0 = oh * sh - ph
                 k0, k1 = _taps_inside(ih0, rh, KH, H)
-                if lo >= hi:
-                    continue
                 # (s0 points at pixel lo's first tap column, which may lie outside)
                 s0 = ((n * H + ih0) * W + lo * sw - pw) * CI
                 g0 = (job * OW + lo) * C
-                if ALL == KH and k0 == 0 and k1 == KH:
+                if lo >= hi:
+                    pass
+                elif ALL == KH and k0 == 0 and k1 == KH:
                     _dots(pf, 0, xf, s0, sw * CI, W * rh * CI, rw * CI, dyf, g0, C, hi - lo,
                           ALL, KW, M, edges)
+                elif SIDES:
+                    for r in range(k0, k1):
+                        _dots(pf, r * KW * C, xf, s0 + r * W * rh * CI, sw * CI, 0, rw * CI,
+                              dyf, g0, C, hi - lo, 1, KW, M, None)
                 else:
                     for r in range(k0, k1):
                         _dots(pf, r * KW * C, xf, s0 + r * W * rh * CI, sw * CI, 0, rw * CI,
                               dyf, g0, C, hi - lo, 1, KW, M, edges)
+                for i in range(a + OW - b if SIDES else 0):
+                    ow = _side(i, a, b)
+                    iw0 = ow * sw - pw
+                    j0, j1 = _taps_inside(iw0, rw, KW, W)
+                    _dots_pixel(pf, (k0 * KW + j0) * C, KW * C, xf,
+                                ((n * H + ih0 + k0 * rh) * W + iw0 + j0 * rw) * CI, W * rh * CI,
+                                rw * CI, dyf, (job * OW + ow) * C, C, k1 - k0, j1 - j0, M)
 
     return forward, backprop_input, backprop_input_strided, backprop_filter, separable_forward
 

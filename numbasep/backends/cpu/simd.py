@@ -2,8 +2,9 @@
 
 Each works on float32 or float64 arrays (one element type per call) and leaves
 bounds to the caller, like the kernels' unsigned indexing does. The correlation
-and filter-gradient intrinsics (``taps_rows``, ``taps_window``, ``dots_rows``)
-take a channel count, a multiple of 8, and run 16 lanes at a time where the CPU has AVX-512 (8 elsewhere), then 8 for a last group of 8; they
+and filter-gradient intrinsics (``taps_rows``, ``taps_window``, ``dots_rows``,
+``dots_window``) take a channel count, a multiple of 8, and run 16 lanes at a
+time where the CPU has AVX-512 (8 elsewhere), then 8 for a last group of 8; they
 read 16-bit operands given as bit patterns and write 16-bit results that way.
 So does ``sum_groups``, which sums a depth multiplier's groups of channels.
 """
@@ -925,6 +926,53 @@ def _dots_rows(width):
     return dots_rows
 
 
+def _dots_window(width):
+    def dots_window(typingctx, acc, a0, arow, astep, x, s0, rowstep, colstep, g, g0, rows, cols,
+                    groups, repeat):
+        REP = _taps(repeat)
+        if REP not in _REPEATS:
+            return None
+        sig = types.void(acc, a0, arow, astep, x, s0, rowstep, colstep, g, g0, rows, cols,
+                         groups, repeat)
+
+        def codegen(context, builder, signature, args):
+            _, a0v, arowv, astepv, _, s0v, rowv, colv, _, g0v, rowsv, colsv, gv, _ = args
+            v = _Lanes(context, builder, signature, args, width)
+            ity = s0v.type
+            fma = v.fma()
+
+            def const(i):
+                return ir.Constant(ity, i)
+
+            def groups_at(q0, count):
+                offs = [builder.mul(builder.add(q0, const(k)), const(width))
+                        for k in range(count)]
+                dys = [v.value(8, builder.add(g0v, o)) for o in offs]
+
+                def tap(r, j, _):
+                    xo = builder.add(s0v, builder.add(builder.mul(r, rowv), builder.mul(j, colv)))
+                    ao = builder.add(a0v, builder.add(builder.mul(r, arowv),
+                                                      builder.mul(j, astepv)))
+                    for o, d in zip(offs, dys):
+                        at = builder.add(ao, o)
+                        xv = v.value(4, builder.add(xo, builder.sdiv(o, const(REP))), REP)
+                        v.store(builder.call(fma, [xv, d, v.load(0, at)]), 0, at)
+                    return []
+
+                v.loop(rowsv, [], lambda r, _: v.loop(colsv, [], lambda j, c: tap(r, j, c)))
+                return []
+
+            quads = builder.sdiv(gv, const(4))
+            v.loop(quads, [], lambda q, _: groups_at(builder.mul(q, const(4)), 4))
+            rest = builder.mul(quads, const(4))
+            v.loop(builder.sub(gv, rest), [], lambda k, _: groups_at(builder.add(rest, k), 1))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return dots_window
+
+
 def _sum_groups(width):
     def sum_groups(typingctx, dst, d0, dstep, src, s0, sstep, n, groups, repeat, stream):
         REP, NT = _taps(repeat), _taps(stream)
@@ -988,6 +1036,7 @@ CHANNEL_ARGS = {
     "taps_rows": (_taps_rows, (1, 4, 9), 14, (4, 18), None),
     "taps_window": (_taps_window, (1, 3, 7), 12, None, None),
     "dots_rows": (_dots_rows, (1, 4, 9), 12, (4, 15), None),
+    "dots_window": (_dots_window, (1, 5, 9), 12, (5, 13), None),
     "sum_groups": (_sum_groups, (1, 4), 7, None, (4, 8)),
 }
 
@@ -1055,6 +1104,13 @@ dots_rows = _by_channels(*CHANNEL_ARGS["dots_rows"], """For each channel c < cha
     taps outside loaded from a column inside and left out of the sums by a
     mask, so that a map's side pixels join the sums in registers, in pixel
     order, with the pixels between them.""")
+
+dots_window = _by_channels(*CHANNEL_ARGS["dots_window"], """For each channel c < channels (a multiple of 8; as vectors), row r < rows and
+    column j < cols: ``acc[a0 + c + r*arow + j*astep] +=``
+    ``x[s0 + c + r*rowstep + j*colstep] * g[g0 + c]``: one output-gradient pixel
+    whose window the map's edges cut, into the filter gradient's sums (fused,
+    four channel groups side by side); ``repeat``: as in :func:`taps_rows`, for
+    x.""")
 
 sum_groups = _by_channels(*CHANNEL_ARGS["sum_groups"], """For each pixel k < n and channel c < channels (a multiple of 8; as vectors):
     ``dst[d0 + c + k*dstep] = src[s0 + c*repeat + k*sstep] + src[s0 + c*repeat + 1 +
