@@ -393,7 +393,10 @@ def _fwd_plane(xf, s0, scatter, xp, cols, acc, offs, wv, ntaps, yf, y0, geo):
             done_out = ready
 
 
-@njit(inline="always")
+# The paths for non-finite taps (_fwd_direct, _bin_direct, _bfil_direct) are
+# calls, not inlined: they are rare, and inlined they took about 7 s of each plane
+# kernel's compilation (backprop_input 44 -> 38 s).
+@njit(nogil=True)
 def _fwd_direct(x, w, y, c, sh, sw, rh, rw, ph, pw):
     """Forward of one plane, skipping the padding (for non-finite taps): the taps
     inside the map in (kh, kw) order, fused from -0 (the first product rounded
@@ -416,7 +419,7 @@ def _fwd_direct(x, w, y, c, sh, sw, rh, rw, ph, pw):
             y[oh, ow] = _stored(s if some else s - s, y)
 
 
-@njit(inline="always")
+@njit(nogil=True)
 def _bin_direct(g, w, out, c, sh, sw, rh, rw, ph, pw):
     """Input gradient of one plane, skipping the padding (for non-finite taps):
     each input cell gathers the outputs whose windows reach it, in (kh, kw)
@@ -503,23 +506,14 @@ def _build_backprop_input(stream):
             more = np.empty(H * W if M > 1 else 0, w.dtype)
             # stream: each strided plane assembled here, then sent to dx (_bin_plane)
             stage = np.empty(H * W if stream and M == 1 and sh * sw > 1 else 0, dx.dtype)
-            for pl in range(job * NP // T, (job + 1) * NP // T):
-                n, c = pl // C, pl % C
-                d0 = pl * H * W
-                if M == 1:
-                    _bin_plane(dy, dyf, w, wk, n, c, gp, xp, wv, count, which, src, cols,
-                               lost_rows, lost_cols, dxf, d0, geo, stage)
-                    continue
-                for m in range(M):
-                    _bin_plane(dy, dyf, w, wk, n, c * M + m, gp, xp, wv, count, which, src, cols,
-                               lost_rows, lost_cols, total if m == 0 else more, 0, geo,
-                               total[:0])
-                    if m == M - 1:
-                        for i in range(H * W):
-                            dxf[_u(d0 + i)] = _stored(total[_u(i)] + more[_u(i)], dxf)
-                    elif m > 0:
-                        for i in range(H * W):
-                            total[_u(i)] += more[_u(i)]
+            p0, p1 = job * NP // T, (job + 1) * NP // T
+            if M > 1:
+                _bin_multiplier_planes(dy, dyf, w, wk, p0, p1, C, M, gp, xp, wv, count, which,
+                                       src, cols, lost_rows, lost_cols, dxf, total, more, geo)
+            else:
+                for pl in range(p0, p1):
+                    _bin_plane(dy, dyf, w, wk, pl // C, pl % C, gp, xp, wv, count, which, src,
+                               cols, lost_rows, lost_cols, dxf, pl * H * W, geo, stage)
             if stream:
                 _sfence()
 
@@ -528,6 +522,29 @@ def _build_backprop_input(stream):
 
 backprop_input = _build_backprop_input(False)
 backprop_input_streaming = _build_backprop_input(True)
+
+
+# Depth multipliers above 1 call the plane code, one call per task, instead of
+# inlining it a second time: the kernel took 72 s to compile, 44 s with this call.
+@njit(nogil=True)
+def _bin_multiplier_planes(dy, dyf, w, wk, p0, p1, C, M, gp, xp, wv, count, which, src, cols,
+                           lost_rows, lost_cols, dxf, total, more, geo):
+    """Input planes [p0, p1) of :func:`backprop_input` at depth multiplier M > 1:
+    the M output channels' gradients of each summed in order of m (as if the
+    input were repeated in memory), the last sum stored."""
+    H, W = geo[0], geo[1]
+    for pl in range(p0, p1):
+        n, c = pl // C, pl % C
+        d0 = pl * H * W
+        for m in range(M):
+            _bin_plane(dy, dyf, w, wk, n, c * M + m, gp, xp, wv, count, which, src, cols,
+                       lost_rows, lost_cols, total if m == 0 else more, 0, geo, total[:0])
+            if m == M - 1:
+                for i in range(H * W):
+                    dxf[_u(d0 + i)] = _stored(total[_u(i)] + more[_u(i)], dxf)
+            elif m > 0:
+                for i in range(H * W):
+                    total[_u(i)] += more[_u(i)]
 
 
 @njit(inline="always")
@@ -659,7 +676,7 @@ def _bfil_plane(x, dy, xf, dyf, scatter, xp, cols, gp, offs, one, acc, n, c, k, 
         _bfil_direct(x[n, c], dy[n, k], acc, KH, KW, sh, sw, rh, rw, ph, pw)
 
 
-@njit(inline="always")
+@njit(nogil=True, fastmath=_REDUCE_MATH)     # as its caller
 def _bfil_direct(xs, g, acc, KH, KW, sh, sw, rh, rw, ph, pw):
     """One image's filter gradient for one channel, skipping the padding (for
     planes with NaN or Inf)."""
