@@ -10,10 +10,26 @@ import pytest
 import numbasep
 from numbasep.backends.cpu import halves, simd
 
+_compiled = {}
+
+
+def _once(*key):
+    """``numba.njit``, one dispatcher per test function and ``key`` (the register
+    width and compile-time constants the function closes over): parametrized
+    cases that differ only in run-time arguments share its compilations, each
+    seconds of LLVM for the intrinsics (96 of them for the dots_rows cases
+    alone, of 4 distinct ones)."""
+    def jit(py_func):
+        at = (py_func.__qualname__,) + key
+        if at not in _compiled:
+            _compiled[at] = numba.njit(py_func)
+        return _compiled[at]
+    return jit
+
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_transpose8_moves_every_element_and_nothing_else(dtype):
-    @numba.njit
+    @_once()
     def run(src, s0, ss, dst, d0, doffs, di):
         simd.transpose8(src, s0, ss, dst, d0, doffs, di)
 
@@ -30,7 +46,7 @@ def test_transpose8_moves_every_element_and_nothing_else(dtype):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_deinterleave8_splits_even_and_odd(dtype):
-    @numba.njit
+    @_once()
     def run(src, s0, dst, d0, d1):
         simd.deinterleave8(src, s0, dst, d0, d1)
 
@@ -45,7 +61,7 @@ def test_deinterleave8_splits_even_and_odd(dtype):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_interleave8_merges_two_runs(dtype):
-    @numba.njit
+    @_once()
     def run(src, s0, s1, dst, d0):
         simd.interleave8(src, s0, s1, dst, d0)
 
@@ -62,7 +78,7 @@ def test_interleave8_merges_two_runs(dtype):
 @pytest.mark.parametrize("n", [0, 1, 5])
 @pytest.mark.parametrize("m", [0, 1, 3])
 def test_taps_dot8_adds_each_taps_block_sum_to_its_accumulator(dtype, n, m):
-    @numba.njit
+    @_once()
     def run(acc, a0, astep, x, s0, sstep, srow, toffs, g, g0, gstep, grow, n, m):
         simd.taps_dot8(acc, a0, astep, x, s0, sstep, srow, toffs, g, g0, gstep, grow, n, m, 3)
 
@@ -142,7 +158,7 @@ def test_taps_rows_sums_each_pixel_in_order(lanes, channels, step, n):
     # compute in pairs side by side (negative: 56 channels, a pair and one alone)
     together = {40: 2, 56: -4}.get(channels, 1)
 
-    @numba.njit
+    @_once(simd.WIDE, together)
     def run(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
             channels):
         taps_rows(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
@@ -184,7 +200,7 @@ def test_taps_rows_leaves_out_the_columns_outside(lanes, cpix, ctap, c0, n, firs
     # side by side (a negative ``together``)
     together = {8: 1, 24: 2, 40: -2}[channels]
 
-    @numba.njit
+    @_once(simd.WIDE, together)
     def run(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
             channels, edges):
         taps_rows(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
@@ -230,7 +246,7 @@ def test_taps_rows_leaves_out_the_columns_outside(lanes, cpix, ctap, c0, n, firs
 def test_taps_window_sums_one_pixel_in_order(lanes, channels, rows, cols):
     taps_window = lanes("taps_window")
 
-    @numba.njit
+    @_once(simd.WIDE)
     def run(dst, d0, x, s0, rowstep, colstep, wt, w0, wrow, wstep, rows, cols, channels):
         taps_window(dst, d0, x, s0, rowstep, colstep, wt, w0, wrow, wstep, rows, cols, channels,
                     0)
@@ -256,7 +272,7 @@ def test_streaming_stores_write_the_same_sums(lanes, n):
     taps_rows, taps_window = lanes("taps_rows"), lanes("taps_window")
     together = simd.GROUPS
 
-    @numba.njit
+    @_once(simd.WIDE, together)
     def run(dst, d0, dstep, x, s0, wt, n, channels):
         taps_rows(dst, d0, dstep, x, s0, dstep, 50 * dstep, dstep, wt, 0, 3 * dstep, dstep, n, 2,
                   channels, 3, 1, None, 1, together)
@@ -287,7 +303,7 @@ def test_sum_groups_adds_each_channels_group_in_order(lanes, repeat):
     written."""
     sum_groups = lanes("sum_groups")
 
-    @numba.njit
+    @_once(simd.WIDE, repeat)
     def run(dst, d0, dstep, src, s0, sstep, n, channels):
         sum_groups(dst, d0, dstep, src, s0, sstep, n, channels, repeat, 0)
 
@@ -314,7 +330,7 @@ def test_sum_groups_rounds_16_bit_results_and_streams(lanes):
     the float32 sums; non-temporal stores write the same sums as plain ones."""
     sum_groups = lanes("sum_groups")
 
-    @numba.njit
+    @_once(simd.WIDE)
     def run(dst, src, n, channels, bits):
         sum_groups(bits, 0, channels, src, 0, 4 * channels, n, channels, 4, 0)
         sum_groups(dst, 0, channels, src, 0, 4 * channels, n, channels, 4, 1)
@@ -340,7 +356,7 @@ def test_tap_sums_fold_each_taps_product_in_order(dtype):
     then each further one fused, in order of the taps (as the channels-last
     kernels sum), for runs of one and several 4-vector blocks plus single
     vectors, 0 to 11 taps at arbitrary source offsets; nothing else written."""
-    @numba.njit
+    @_once()
     def run(dst, d0, src, offs, wv, ntaps, length):
         simd.tap_sums(dst, d0, src, offs, wv, ntaps, length)
 
@@ -391,7 +407,7 @@ def _dots_want(acc, x, g, a0, arow, astep, s0, sstep, rowstep, colstep, g0, gste
 def test_dots_rows_adds_each_taps_sum(lanes, channels, step, n, rows, edges):
     dots_rows = lanes("dots_rows")
 
-    @numba.njit
+    @_once(simd.WIDE)
     def run(acc, a0, astep, x, s0, sstep, rowstep, colstep, g, g0, gstep, n, channels, rows,
             edges):
         if rows == 1:
@@ -441,7 +457,7 @@ def test_dots_rows_adds_each_taps_sum(lanes, channels, step, n, rows, edges):
 def test_dots_window_adds_one_pixels_products(lanes, channels, rows, cols):
     dots_window = lanes("dots_window")
 
-    @numba.njit
+    @_once(simd.WIDE)
     def run(acc, a0, arow, astep, x, s0, rowstep, colstep, g, g0, rows, cols, channels):
         dots_window(acc, a0, arow, astep, x, s0, rowstep, colstep, g, g0, rows, cols, channels,
                     1)
@@ -467,7 +483,7 @@ def test_dots_window_adds_one_pixels_products(lanes, channels, rows, cols):
 
 def test_fma_rounds_once():
     """``fma(a, b, c)`` is exact where ``a*b + c`` in two roundings is not."""
-    @numba.njit
+    @_once()
     def run(a, b, c):
         return simd.fma(a, b, c)
 
@@ -486,7 +502,7 @@ def test_copy_rows_widens_and_rounds_as_the_halves_do(kind):
     exactly or rounded as ``halves.narrow_into`` rounds (NaN and overflow
     included; NumPy's and ml_dtypes' casts are the reference); nothing outside
     the rows written."""
-    @numba.njit
+    @_once()
     def run(dst, d0, dstep, src, s0, sstep, rows, cols):
         simd.copy_rows(dst, d0, dstep, src, s0, sstep, rows, cols)
 
@@ -518,7 +534,7 @@ def test_copy_rows_widens_and_rounds_as_the_halves_do(kind):
 
 @pytest.mark.parametrize("bits", [np.float16, ml_dtypes.bfloat16])
 def test_deinterleave8_widens_16_bit_bit_patterns(bits):
-    @numba.njit
+    @_once()
     def run(src, s0, dst, d0, d1):
         simd.deinterleave8(src, s0, dst, d0, d1)
 
@@ -533,7 +549,7 @@ def test_deinterleave8_widens_16_bit_bit_patterns(bits):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.uint16])
 def test_stream_copy_copies_whole_lines_and_nothing_else(dtype):
-    @numba.njit
+    @_once()
     def run(dst, d0, src, s0, n):
         simd.stream_copy(dst, d0, src, s0, n)
         simd.sfence()
@@ -550,7 +566,7 @@ def test_stream_copy_copies_whole_lines_and_nothing_else(dtype):
 
 @pytest.mark.parametrize("bits", [np.float16, ml_dtypes.bfloat16])
 def test_interleave8_rounds_into_16_bit_bit_patterns(bits):
-    @numba.njit
+    @_once()
     def run(src, s0, s1, dst, d0):
         simd.interleave8(src, s0, s1, dst, d0)
 
@@ -578,7 +594,7 @@ def test_pointwise_rows_sums_each_column_in_order(dtype, n, form):
     (b's last row ends at its J-th column). One to four vectors of columns at
     once (``vecs``). "rows": a's rows are contiguous (the forward and input
     gradient); "transposed": a's terms are a row apart (the kernel gradient)."""
-    @numba.njit
+    @_once()
     def run(dst, d0, dstep, a, a0, astep, aloop, b, b0, bloop, J, K, n, vecs):
         simd.pointwise_rows(dst, d0, dstep, a, a0, astep, aloop, b, b0, bloop, J, K, n, vecs,
                             0)
@@ -615,7 +631,7 @@ def test_pointwise_rows_streams_whole_vectors(dtype, n):
     """With ``stream``, the whole vectors of columns go out as non-temporal
     stores (aligned rows: the fused separable forward's results), the last
     partial one masked as without: the same values, nothing else touched."""
-    @numba.njit
+    @_once()
     def run(dst, d0, dstep, a, b, J, K, n, vecs, stream):
         simd.pointwise_rows(dst, d0, dstep, a, 0, K, 1, b, 0, J, J, K, n, vecs, stream)
         if stream:
