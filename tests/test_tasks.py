@@ -1,0 +1,94 @@
+"""The parallel launcher that runs the CPU kernels' tasks by address
+(numbasep/backends/cpu/tasks.py): every task runs once with its index, the
+arrays' types select the compiled task, and a launch with argument types the
+task was not compiled for is a typing error, never a call with the wrong
+layout."""
+
+import numpy as np
+import pytest
+from numba import njit
+from numba.core.errors import TypingError
+
+from numbasep.backends.cpu import tasks
+
+
+@njit(nogil=True, cache=True)
+def _fill_row(i, count, out, src, scale):
+    for j in range(out.shape[1]):
+        out[i, j] = src[i, j] * scale + i * count
+
+
+@njit(nogil=True, cache=True)
+def _fill_row_twice(i, count, out, src, scale):
+    for j in range(out.shape[1]):
+        out[i, j] = 2 * (src[i, j] * scale + i * count)
+
+
+def _rows(out, *_):
+    return out.shape[0]
+
+
+def test_each_task_runs_once_with_its_index_and_the_count():
+    fill = tasks.Parallel(_fill_row, _rows, 2)
+    src = np.arange(35, dtype=np.float64).reshape(7, 5)
+    out = np.full_like(src, np.nan)
+    fill(out, src, 3)
+    expected = src * 3 + np.arange(7)[:, None] * 7
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_the_arrays_types_select_the_compiled_task():
+    fill = tasks.Parallel(_fill_row, _rows, 2)
+    src = np.arange(12, dtype=np.float32).reshape(4, 3)
+    out = np.zeros_like(src)
+    fill(out, src, 2)
+    readonly = src.copy()
+    readonly.flags.writeable = False
+    out64 = np.zeros(src.shape, np.float64)
+    fill(out64, readonly, 2)
+    assert len(fill._compiled) == 2
+    np.testing.assert_array_equal(out64, out.astype(np.float64))
+    (sig_a, _), (sig_b, _) = [(k, v) for k, v in fill._compiled.items()]
+    assert sig_a != sig_b
+
+
+def test_tasks_of_one_signature_share_a_launcher():
+    once = tasks.Parallel(_fill_row, _rows, 2)
+    twice = tasks.Parallel(_fill_row_twice, _rows, 2)
+    src = np.ones((3, 2))
+    a, b = np.zeros_like(src), np.zeros_like(src)
+    once(a, src, 1)
+    twice(b, src, 1)
+    np.testing.assert_array_equal(b, 2 * a)
+    (launch_a, addr_a), = once._compiled.values()
+    (launch_b, addr_b), = twice._compiled.values()
+    assert launch_a is launch_b and addr_a != addr_b
+
+
+def test_other_argument_types_are_a_typing_error_not_a_call():
+    """The lookup keys on the arrays only; a scalar of another type reaches the
+    launcher, whose check of the task's signature refuses it."""
+    fill = tasks.Parallel(_fill_row, _rows, 2)
+    src = np.ones((3, 2))
+    out = np.zeros_like(src)
+    fill(out, src, 1)
+    before = out.copy()
+    with pytest.raises(TypingError, match="do not match its signature"):
+        fill(out, src, 1.5)
+    np.testing.assert_array_equal(out, before)    # untouched by the refused launch
+
+
+def test_no_tasks_no_calls():
+    fill = tasks.Parallel(_fill_row, _rows, 2)
+    out = np.zeros((0, 4))
+    fill(out, out, 1)
+    assert out.shape == (0, 4)
+
+
+def test_tasks_compile_with_numba_noalias_flag():
+    """The tasks are compiled with Numba's noalias flag, set through a private
+    hook of the dispatcher: this fails if a Numba release moves it."""
+    fill = tasks.Parallel(_fill_row, _rows, 2)
+    src = np.ones((3, 4))
+    fill(np.zeros_like(src), src, 2)
+    assert all(c.fndesc.noalias for c in _fill_row.overloads.values())
