@@ -47,7 +47,7 @@ says they are faster for.
 """
 
 import numpy as np
-from numba import literally, njit, prange
+from numba import literally, njit
 
 from .kernels import _split
 from .simd import BLOCK as _BLOCK
@@ -61,6 +61,7 @@ from .simd import sfence as _sfence
 from .simd import sum_groups as _sum_groups
 from .simd import taps_rows as _taps_rows
 from .simd import taps_window as _taps_window
+from .tasks import Parallel
 
 #: Window shapes with lane kernels.
 WINDOWS = frozenset({(3, 3), (5, 5), (7, 7), (1, 3), (1, 5)})
@@ -209,12 +210,6 @@ def _shifted(edges, k):
 # with one fence for its non-temporal stores (:func:`.simd.sfence`): a fence per
 # job (row) cost 32x112x112x32 most of what the streaming saved.
 _PARTS = 64
-
-
-@njit(inline="always")
-def _parts(jobs):
-    """(jobs, the parts they run in)."""
-    return jobs, min(jobs, _PARTS)
 
 
 @njit(inline="always")
@@ -427,8 +422,8 @@ def _gather_row(dst, d0, dyf, n, ih, wt, H, W, C, OH, OW, KH, KW, rh, rw, ph, pw
 
 
 def _build(KH, KW, NT, M):
-    @njit(parallel=True, nogil=True, cache=True)
-    def forward(x, w, y, sd, sh, sw, rd, rh, rw, pd, ph, pw):
+    @njit(nogil=True, cache=True)
+    def forward(part, parts, x, w, y, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         """As :func:`.kernels` ``forward_cl``, for ``x[N, 1, H, W, C / M]``,
         ``w[1, KH, KW, C, 1]``, ``y[N, 1, OH, OW, C]``, C a multiple of 8: depth
         multiplier M (output channel c sees input channel c // M); above 1, the
@@ -439,16 +434,15 @@ def _build(KH, KW, NT, M):
         wt = w.reshape(w.size)
         xf = x.reshape(N * D * H * W * CI)
         yf = y.reshape(N * OD * OH * OW * C)
-        jobs, parts = _parts(N * OH)
-        for part in prange(parts):
-            for job in range(*_part(part, parts, jobs)):
-                _forward_row(yf, job * OW * C, xf, wt, job, H, W, CI, C, OH, OW, KH, KW, sh, sw,
-                             rh, rw, ph, pw, lo, hi, edges, NT, M)
-            if NT:
-                _sfence()
+        for job in range(*_part(part, parts, N * OH)):
+            _forward_row(yf, job * OW * C, xf, wt, job, H, W, CI, C, OH, OW, KH, KW, sh, sw,
+                         rh, rw, ph, pw, lo, hi, edges, NT, M)
+        if NT:
+            _sfence()
 
-    @njit(parallel=True, nogil=True, cache=True)
-    def separable_forward(x, w, pk, y, z, sd, sh, sw, rd, rh, rw, pd, ph, pw, vecs):
+    @njit(nogil=True, cache=True)
+    def separable_forward(part, parts, x, w, pk, y, z, sd, sh, sw, rd, rh, rw, pd, ph, pw,
+                          vecs):
         """:func:`forward` followed by a pointwise (1x1) convolution, for ``x[N, 1,
         H, W, C / M]``, ``w[1, KH, KW, C / M, M]``, ``pk[C, FP]`` (the pointwise
         kernel, its rows padded to FP columns so that they stay aligned, summed
@@ -466,24 +460,21 @@ def _build(KH, KW, NT, M):
         xf = x.reshape(N * D * H * W * CI)
         yf = y.reshape(N * OD * OH * OW * F)
         pkf = pk.reshape(C * FP)
-        jobs = N * OH
-        parts = z.shape[0]
         group = max(1, z.shape[1] // (OW * C))
-        for part in prange(parts):
-            zf = z[part]
-            a, b = _part(part, parts, jobs)
-            for j0 in range(a, b, group):
-                j1 = min(b, j0 + group)
-                for job in range(j0, j1):
-                    _forward_row(zf, (job - j0) * OW * C, xf, wt, job, H, W, CI, C, OH, OW, KH,
-                                 KW, sh, sw, rh, rw, ph, pw, lo, hi, edges, 0, M)
-                _pointwise_rows(yf, j0 * OW * F, F, zf, 0, C, 1, pkf, 0, FP, F, C,
-                                (j1 - j0) * OW, vecs, NT)
-            if NT:
-                _sfence()
+        zf = z[part]
+        a, b = _part(part, parts, N * OH)
+        for j0 in range(a, b, group):
+            j1 = min(b, j0 + group)
+            for job in range(j0, j1):
+                _forward_row(zf, (job - j0) * OW * C, xf, wt, job, H, W, CI, C, OH, OW, KH,
+                             KW, sh, sw, rh, rw, ph, pw, lo, hi, edges, 0, M)
+            _pointwise_rows(yf, j0 * OW * F, F, zf, 0, C, 1, pkf, 0, FP, F, C,
+                            (j1 - j0) * OW, vecs, NT)
+        if NT:
+            _sfence()
 
-    @njit(parallel=True, nogil=True, cache=True)
-    def backprop_input(dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
+    @njit(nogil=True, cache=True)
+    def backprop_input(part, parts, dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         """As :func:`.kernels` ``backprop_input_cl``, stride 1, for
         ``dy[N, 1, OH, OW, C]``, ``w[1, KH, KW, C, 1]``, ``dx[N, 1, H, W, C / M]``,
         C a multiple of 8: in gather form, dx[ih, iw] = sum over taps of dy[ih + ph
@@ -498,28 +489,27 @@ def _build(KH, KW, NT, M):
         wt = w.reshape(w.size)
         dyf = dy.reshape(N * OD * OH * OW * C)
         dxf = dx.reshape(N * D * H * W * CI)
-        jobs, parts = _parts(N * H)
+        jobs = N * H
         ahead = (KH >= 5 and dy.size * dy.itemsize + dx.size * dx.itemsize > _PREFETCH_BYTES
                  and OW * C <= _LONG_ROW)
-        for part in prange(parts):
-            rep = np.empty(W * C if M > 1 else 0, np.float32)
-            for job in range(*_part(part, parts, jobs)):
-                if ahead:
-                    _prefetch_next(dyf, job, jobs, H, 1, ph - (KH - 1) * rh, (KH - 1) * rh,
-                                   OH, OW * C)
-                n, ih = _split(job, H)
-                if M == 1:
-                    _gather_row(dxf, job * W * C, dyf, n, ih, wt, H, W, C, OH, OW, KH, KW,
-                                rh, rw, ph, pw, lo, hi, NT)
-                else:
-                    _gather_row(rep, 0, dyf, n, ih, wt, H, W, C, OH, OW, KH, KW, rh, rw, ph,
-                                pw, lo, hi, 0)
-                    _sum_groups(dxf, job * W * CI, CI, rep, 0, C, W, CI, M, NT)
-            if NT:
-                _sfence()
+        rep = np.empty(W * C if M > 1 else 0, np.float32)
+        for job in range(*_part(part, parts, jobs)):
+            if ahead:
+                _prefetch_next(dyf, job, jobs, H, 1, ph - (KH - 1) * rh, (KH - 1) * rh,
+                               OH, OW * C)
+            n, ih = _split(job, H)
+            if M == 1:
+                _gather_row(dxf, job * W * C, dyf, n, ih, wt, H, W, C, OH, OW, KH, KW,
+                            rh, rw, ph, pw, lo, hi, NT)
+            else:
+                _gather_row(rep, 0, dyf, n, ih, wt, H, W, C, OH, OW, KH, KW, rh, rw, ph,
+                            pw, lo, hi, 0)
+                _sum_groups(dxf, job * W * CI, CI, rep, 0, C, W, CI, M, NT)
+        if NT:
+            _sfence()
 
-    @njit(parallel=True, nogil=True, cache=True)
-    def backprop_input_strided(dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
+    @njit(nogil=True, cache=True)
+    def backprop_input_strided(part, parts, dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         """As :func:`.kernels` ``backprop_input_cl``, for strides above 1 and
         dilation 1, ``dy[N, 1, OH, OW, C]``, ``w[1, KH, KW, C, 1]``, C a multiple
         of 8, by phases: input row ih reads the window rows kh = (ih + ph) mod sh,
@@ -533,40 +523,38 @@ def _build(KH, KW, NT, M):
         dyf = dy.reshape(N * OD * OH * OW * C)
         dxf = dx.reshape(N * D * H * W * C)
         chunk = _PHASE_CHUNK if W * C > _CHUNKED_ROW else W
-        jobs, parts = _parts(N * D * H)
-        for part in prange(parts):
-            for job in range(*_part(part, parts, jobs)):
-                nd, ih = _split(job, H)
-                n = nd // D
-                kh0 = (ih + ph) % sh
-                oh0 = (ih + ph - kh0) // sh          # the dy row of tap kh0; tap i reads oh0 - i
-                i0, i1 = _taps_inside(oh0, -1, (KH - kh0 + sh - 1) // sh, OH)
-                rows = i1 - i0
-                wr0 = (kh0 + i0 * sh) * KW
-                r0 = (n * OH + oh0 - i0) * OW
-                for q in range(min(sw, W)):
-                    kw0 = (q + pw) % sw
-                    J = (KW - kw0 + sw - 1) // sw if kw0 < KW else 0
-                    count = (W - q + sw - 1) // sw    # the phase's pixels q, q + sw, ...
-                    o0 = (q + pw - kw0) // sw         # the dy column of its first pixel's tap 0
-                    # the interior: every tap's column inside dy
-                    a = max(0, J - 1 - o0)
-                    b = min(count, OW - o0)
-                    if a >= b:
-                        a = b = 0
-                    if a < b:
-                        _phase_row(dxf, (job * W + q + a * sw) * C, sw * C, dyf,
-                                   (r0 + o0 + a) * C, -OW * C, wt, (wr0 + kw0) * C,
-                                   sh * KW * C, sw * C, C, b - a, rows, J, chunk, NT)
-                    for i in range(a + count - b):
-                        m = _side(i, a, b)
-                        ow = o0 + m
-                        j0, j1 = _taps_inside(ow, -1, J, OW)
-                        _pixel(dxf, (job * W + q + m * sw) * C, dyf, (r0 + ow - j0) * C, -OW * C,
-                               -C, wt, (wr0 + kw0 + j0 * sw) * C, sh * KW * C, sw * C, C, rows,
-                               j1 - j0, NT)
-            if NT:
-                _sfence()
+        for job in range(*_part(part, parts, N * D * H)):
+            nd, ih = _split(job, H)
+            n = nd // D
+            kh0 = (ih + ph) % sh
+            oh0 = (ih + ph - kh0) // sh          # the dy row of tap kh0; tap i reads oh0 - i
+            i0, i1 = _taps_inside(oh0, -1, (KH - kh0 + sh - 1) // sh, OH)
+            rows = i1 - i0
+            wr0 = (kh0 + i0 * sh) * KW
+            r0 = (n * OH + oh0 - i0) * OW
+            for q in range(min(sw, W)):
+                kw0 = (q + pw) % sw
+                J = (KW - kw0 + sw - 1) // sw if kw0 < KW else 0
+                count = (W - q + sw - 1) // sw    # the phase's pixels q, q + sw, ...
+                o0 = (q + pw - kw0) // sw         # the dy column of its first pixel's tap 0
+                # the interior: every tap's column inside dy
+                a = max(0, J - 1 - o0)
+                b = min(count, OW - o0)
+                if a >= b:
+                    a = b = 0
+                if a < b:
+                    _phase_row(dxf, (job * W + q + a * sw) * C, sw * C, dyf,
+                               (r0 + o0 + a) * C, -OW * C, wt, (wr0 + kw0) * C,
+                               sh * KW * C, sw * C, C, b - a, rows, J, chunk, NT)
+                for i in range(a + count - b):
+                    m = _side(i, a, b)
+                    ow = o0 + m
+                    j0, j1 = _taps_inside(ow, -1, J, OW)
+                    _pixel(dxf, (job * W + q + m * sw) * C, dyf, (r0 + ow - j0) * C, -OW * C,
+                           -C, wt, (wr0 + kw0 + j0 * sw) * C, sh * KW * C, sw * C, C, rows,
+                           j1 - j0, NT)
+        if NT:
+            _sfence()
 
     # window rows summed in one pass over a row of pixels: all of a 3x3 window's
     # (9 sums in registers); one at a time for larger windows
@@ -579,8 +567,8 @@ def _build(KH, KW, NT, M):
     # 2.2 ms, 56x56x96 7x7 7.6-8.2 / 6.7-6.9).
     SIDES = ALL != KH
 
-    @njit(parallel=True, nogil=True, cache=True)
-    def backprop_filter(x, dy, parts, sd, sh, sw, rd, rh, rw, pd, ph, pw):
+    @njit(nogil=True, cache=True)
+    def backprop_filter(p, P, x, dy, parts, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         """As :func:`.kernels` ``backprop_filter_cl``, for ``x[N, 1, H, W, C / M]``,
         ``dy[N, 1, OH, OW, C]``, partial filters ``parts[P, 1, KH, KW, C / M, M]``,
         C a multiple of 8 (depth multiplier M): partial filter p sums the output
@@ -588,7 +576,6 @@ def _build(KH, KW, NT, M):
         only)."""
         N, D, H, W, CI = x.shape
         _, OD, OH, OW, C = dy.shape
-        P = parts.shape[0]
         rows = N * OD * OH
         # pixels [lo, hi) have a tap inside the map's columns, [a, b) all their taps
         lo, hi = _span(OW, -pw, sw, rw, KW, W, 1)
@@ -602,43 +589,49 @@ def _build(KH, KW, NT, M):
         dyf = dy.reshape(N * OD * OH * OW * C)
         ahead = (x.size * x.itemsize + dy.size * dy.itemsize > _PREFETCH_BYTES
                  and OW * C <= _LONG_ROW)
-        for p in prange(P):
-            part = parts[p]
-            part[:] = 0
-            pf = part.reshape(KH * KW * C)
-            for job in range(p * rows // P, (p + 1) * rows // P):
-                if ahead:
-                    _prefetch_next(xf, job, rows, OH, sh, -ph, (KH - 1) * rh, H, W * CI)
-                    _prefetch_next(dyf, job, rows, OH, 1, 0, 0, OH, OW * C)
-                nd, oh = _split(job, OH)
-                n, od = _split(nd, OD)
-                ih0 = oh * sh - ph
-                k0, k1 = _taps_inside(ih0, rh, KH, H)
-                # (s0 points at pixel lo's first tap column, which may lie outside)
-                s0 = ((n * H + ih0) * W + lo * sw - pw) * CI
-                g0 = (job * OW + lo) * C
-                if lo >= hi:
-                    pass
-                elif ALL == KH and k0 == 0 and k1 == KH:
-                    _dots(pf, 0, xf, s0, sw * CI, W * rh * CI, rw * CI, dyf, g0, C, hi - lo,
-                          ALL, KW, M, edges)
-                elif SIDES:
-                    for r in range(k0, k1):
-                        _dots(pf, r * KW * C, xf, s0 + r * W * rh * CI, sw * CI, 0, rw * CI,
-                              dyf, g0, C, hi - lo, 1, KW, M, None)
-                else:
-                    for r in range(k0, k1):
-                        _dots(pf, r * KW * C, xf, s0 + r * W * rh * CI, sw * CI, 0, rw * CI,
-                              dyf, g0, C, hi - lo, 1, KW, M, edges)
-                for i in range(a + OW - b if SIDES else 0):
-                    ow = _side(i, a, b)
-                    iw0 = ow * sw - pw
-                    j0, j1 = _taps_inside(iw0, rw, KW, W)
-                    _dots_pixel(pf, (k0 * KW + j0) * C, KW * C, xf,
-                                ((n * H + ih0 + k0 * rh) * W + iw0 + j0 * rw) * CI, W * rh * CI,
-                                rw * CI, dyf, (job * OW + ow) * C, C, k1 - k0, j1 - j0, M)
+        part = parts[p]
+        part[:] = 0
+        pf = part.reshape(KH * KW * C)
+        for job in range(p * rows // P, (p + 1) * rows // P):
+            if ahead:
+                _prefetch_next(xf, job, rows, OH, sh, -ph, (KH - 1) * rh, H, W * CI)
+                _prefetch_next(dyf, job, rows, OH, 1, 0, 0, OH, OW * C)
+            nd, oh = _split(job, OH)
+            n, od = _split(nd, OD)
+            ih0 = oh * sh - ph
+            k0, k1 = _taps_inside(ih0, rh, KH, H)
+            # (s0 points at pixel lo's first tap column, which may lie outside)
+            s0 = ((n * H + ih0) * W + lo * sw - pw) * CI
+            g0 = (job * OW + lo) * C
+            if lo >= hi:
+                pass
+            elif ALL == KH and k0 == 0 and k1 == KH:
+                _dots(pf, 0, xf, s0, sw * CI, W * rh * CI, rw * CI, dyf, g0, C, hi - lo,
+                      ALL, KW, M, edges)
+            elif SIDES:
+                for r in range(k0, k1):
+                    _dots(pf, r * KW * C, xf, s0 + r * W * rh * CI, sw * CI, 0, rw * CI,
+                          dyf, g0, C, hi - lo, 1, KW, M, None)
+            else:
+                for r in range(k0, k1):
+                    _dots(pf, r * KW * C, xf, s0 + r * W * rh * CI, sw * CI, 0, rw * CI,
+                          dyf, g0, C, hi - lo, 1, KW, M, edges)
+            for i in range(a + OW - b if SIDES else 0):
+                ow = _side(i, a, b)
+                iw0 = ow * sw - pw
+                j0, j1 = _taps_inside(iw0, rw, KW, W)
+                _dots_pixel(pf, (k0 * KW + j0) * C, KW * C, xf,
+                            ((n * H + ih0 + k0 * rh) * W + iw0 + j0 * rw) * CI, W * rh * CI,
+                            rw * CI, dyf, (job * OW + ow) * C, C, k1 - k0, j1 - j0, M)
 
-    return forward, backprop_input, backprop_input_strided, backprop_filter, separable_forward
+    return (Parallel(forward, lambda x, w, y, *_: min(y.shape[0] * y.shape[2], _PARTS), 3),
+            Parallel(backprop_input, lambda dy, w, dx, *_: min(dx.shape[0] * dx.shape[2], _PARTS),
+                     3),
+            Parallel(backprop_input_strided,
+                     lambda dy, w, dx, *_: min(dx.shape[0] * dx.shape[1] * dx.shape[2], _PARTS),
+                     3),
+            Parallel(backprop_filter, lambda x, dy, parts, *_: parts.shape[0], 3),
+            Parallel(separable_forward, lambda x, w, pk, y, z, *_: z.shape[0], 5))
 
 
 class LaneKernels:
