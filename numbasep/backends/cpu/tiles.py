@@ -29,7 +29,7 @@ the other kernels.
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .kernels import UNROLLED, _REDUCE_MATH, _u
 
@@ -39,6 +39,7 @@ from .planes import _bfil_direct, _bin_direct, _clear, _fwd_direct, _unlinked
 from .simd import taps_dot8 as _taps_dot8
 from .simd import taps_rows as _taps_rows
 from .simd import transpose8 as _t8
+from .tasks import Parallel
 
 # Most tasks a correlation is split into (each sets up its scratch once): enough
 # for the machines this runs on to balance, few enough to amortise the set-up.
@@ -185,8 +186,8 @@ def _build(KH, KW, CB, CL):
     goes through a small buffer, so that no lane reads past the array."""
     TAPS = KH * KW      # a compile-time constant for the register intrinsic
 
-    @njit(parallel=True, nogil=True, cache=True)
-    def correlate(src, w, dst, sh, sw, rh, rw, ph, pw, band, adjoint):
+    @njit(nogil=True, cache=True)
+    def correlate(grp, groups, src, w, dst, sh, sw, rh, rw, ph, pw, band, adjoint):
         """The forward (``adjoint`` False, any stride) or the input gradient (True,
         stride 1):
 
@@ -221,56 +222,54 @@ def _build(KH, KW, CB, CL):
         # and a block's taps are set up once, not per job (on 7x7 maps a job is a few
         # microseconds)
         jobs = N * nblk
-        groups = min(jobs, GROUPS)
-        for grp in prange(groups):
-            pos = _positions(SH, SW, WP, r0, q0, CB)
-            down = np.arange(8) * (DH * DW)
-            st = np.empty(((BR - 1) * sh + LA + 1) * WP * CB, src.dtype)
-            dt = np.empty(BR * DW * CB, src.dtype)
-            wt = np.empty(TAPS * CB, src.dtype)
-            chk = np.empty(CB, src.dtype)
-            # cells with no taps (windows in the padding, inputs no window reads):
-            # +0, where the tile's zeros give -0 products with a negative tap
-            lost_rows = _unlinked(DH, SH, KH_, sh, rh, ph, not adjoint)
-            lost_cols = _unlinked(DW, SW, KW_, sw, rw, pw, not adjoint)
-            finite = True
-            for job in range(grp * jobs // groups, (grp + 1) * jobs // groups):
-                blk, n = job // N, job % N
-                c0 = blk * CB
-                cb = min(CB, C - c0)
-                cv = (cb + 7) // 8 * 8
-                if job == grp * jobs // groups or n == 0:
-                    _block_taps(wt, wk, c0, cb, TAPS, CB)
-                    _lane_checks(wt, chk, cb, TAPS, CB)
-                    finite = True
-                    for c in range(cb):
-                        finite = finite and chk[c] == 0
-                for i0 in range(0, DH, BR):
-                    i1 = min(DH, i0 + BR)
-                    lo = i0 * sh + br - lead
-                    _fill_band(sf, (n * C + c0) * SH * SW, SH, SW, lo,
-                               lo + (i1 - i0 - 1) * sh + LA + 1, r0, q0, cb, st, WP, CB, pos, C,
-                               False)
-                    for i in range(i0, i1):
-                        b = ((i * sh + br - lo) * WP + bq) * CB
-                        _taps_rows(dt, (i - i0) * DW * CB, CB, st, b, sw * CB, rstep, cstep,
-                                   wt, 0, KW * CB, CB, DW, KH_, cv, KW, 0, None, 1, 1)
-                    _from_tile(dt, (i1 - i0) * DW, cb, df, (n * C + c0) * DH * DW + i0 * DW,
-                               DH * DW, down, CB)
-                for c in range(c0, c0 + cb if lost_rows[0] + lost_cols[0] > 0 else c0):
-                    _clear(df, (n * C + c) * DH * DW, DH, DW, lost_rows, lost_cols)
-                if finite:
+        pos = _positions(SH, SW, WP, r0, q0, CB)
+        down = np.arange(8) * (DH * DW)
+        st = np.empty(((BR - 1) * sh + LA + 1) * WP * CB, src.dtype)
+        dt = np.empty(BR * DW * CB, src.dtype)
+        wt = np.empty(TAPS * CB, src.dtype)
+        chk = np.empty(CB, src.dtype)
+        # cells with no taps (windows in the padding, inputs no window reads):
+        # +0, where the tile's zeros give -0 products with a negative tap
+        lost_rows = _unlinked(DH, SH, KH_, sh, rh, ph, not adjoint)
+        lost_cols = _unlinked(DW, SW, KW_, sw, rw, pw, not adjoint)
+        finite = True
+        for job in range(grp * jobs // groups, (grp + 1) * jobs // groups):
+            blk, n = job // N, job % N
+            c0 = blk * CB
+            cb = min(CB, C - c0)
+            cv = (cb + 7) // 8 * 8
+            if job == grp * jobs // groups or n == 0:
+                _block_taps(wt, wk, c0, cb, TAPS, CB)
+                _lane_checks(wt, chk, cb, TAPS, CB)
+                finite = True
+                for c in range(cb):
+                    finite = finite and chk[c] == 0
+            for i0 in range(0, DH, BR):
+                i1 = min(DH, i0 + BR)
+                lo = i0 * sh + br - lead
+                _fill_band(sf, (n * C + c0) * SH * SW, SH, SW, lo,
+                           lo + (i1 - i0 - 1) * sh + LA + 1, r0, q0, cb, st, WP, CB, pos, C,
+                           False)
+                for i in range(i0, i1):
+                    b = ((i * sh + br - lo) * WP + bq) * CB
+                    _taps_rows(dt, (i - i0) * DW * CB, CB, st, b, sw * CB, rstep, cstep,
+                               wt, 0, KW * CB, CB, DW, KH_, cv, KW, 0, None, 1, 1)
+                _from_tile(dt, (i1 - i0) * DW, cb, df, (n * C + c0) * DH * DW + i0 * DW,
+                           DH * DW, down, CB)
+            for c in range(c0, c0 + cb if lost_rows[0] + lost_cols[0] > 0 else c0):
+                _clear(df, (n * C + c) * DH * DW, DH, DW, lost_rows, lost_cols)
+            if finite:
+                continue
+            for c in range(c0, c0 + cb):
+                if chk[c - c0] == 0:
                     continue
-                for c in range(c0, c0 + cb):
-                    if chk[c - c0] == 0:
-                        continue
-                    if adjoint:
-                        _bin_direct(src[n, c], w, dst[n, c], c, 1, 1, rh, rw, ph, pw)
-                    else:
-                        _fwd_direct(src[n, c], w, dst[n, c], c, sh, sw, rh, rw, ph, pw)
+                if adjoint:
+                    _bin_direct(src[n, c], w, dst[n, c], c, 1, 1, rh, rw, ph, pw)
+                else:
+                    _fwd_direct(src[n, c], w, dst[n, c], c, sh, sw, rh, rw, ph, pw)
 
-    @njit(parallel=True, nogil=True, cache=True, fastmath=_REDUCE_MATH)
-    def backprop_filter(x, dy, parts, sh, sw, rh, rw, ph, pw, band):
+    @njit(nogil=True, cache=True, fastmath=_REDUCE_MATH)
+    def backprop_filter(grp, groups, x, dy, parts, sh, sw, rh, rw, ph, pw, band):
         """parts[p, kh, kw, c] = the filter gradient of channel c over the images of
         chunk p. Chunks depend on the problem only; each task sums its chunk's images
         in order, so the result does not depend on the thread count."""
@@ -287,82 +286,87 @@ def _build(KH, KW, CB, CL):
         # jobs (chunk, block) in at most GROUPS groups that set up their scratch once,
         # as in the correlation
         jobs = P * nblk
-        groups = min(jobs, GROUPS)
-        for grp in prange(groups):
-            pos = _positions(H, W, WP, ph, pw, CB)
-            xt = np.empty(((BR - 1) * sh + LA + 1) * WP * CB, x.dtype)
-            # the output gradient's tile; channels-last, only a short block's last lanes
-            flat = np.arange((0 if CL else OH * OW) + 8) * CB
-            gt = np.zeros(BR * OW * (8 if CL else CB), x.dtype)
-            acc = np.empty(KT * CB, x.dtype)
-            chk = np.empty(CB, x.dtype)
-            direct = np.empty(KT, x.dtype)
-            toffs = np.empty(KT, np.int64)
-            for kh in range(KH_):
-                for kw in range(KW_):
-                    toffs[kh * KW_ + kw] = (kh * rh * WP + kw * rw) * CB
-            for job in range(grp * jobs // groups, (grp + 1) * jobs // groups):
-                p, blk = job // nblk, job % nblk
-                c0 = blk * CB
-                cb = min(CB, C - c0)
-                cv = (cb + 7) // 8 * 8
-                c8 = cb // 8 * 8
-                acc[:] = 0
-                for n in range(p * N // P, (p + 1) * N // P):
-                    s0 = n * H * W * C + c0 if CL else (n * C + c0) * H * W
-                    for o0 in range(0, OH, BR):
-                        o1 = min(OH, o0 + BR)
-                        lo = o0 * sh
-                        hi = lo + (o1 - o0 - 1) * sh + LA + 1
-                        _fill_band(xf, s0, H, W, lo, hi, ph, pw, cb, xt, WP, CB, pos, C, CL)
-                        # all the band's rows in one call per 8 lanes: the sums stay in
-                        # registers from the first row to the last
-                        rows, xstep = o1 - o0, sh * WP * CB
-                        if CL:
-                            g0 = (n * OH + o0) * OW * C + c0     # the band's rows are contiguous
-                            for g in range(0, c8, 8):
-                                _taps_dot8(acc, g, CB, xt, g, sw * CB, xstep, toffs, dyf, g0 + g,
-                                           C, OW * C, OW, rows, TAPS)
-                            if c8 < cb:
-                                # spare lanes of gt stay zero (np.zeros)
-                                for k in range(rows * OW):
-                                    for c in range(c8, cb):
-                                        gt[k * 8 + c - c8] = dyf[g0 + k * C + c]
-                                _taps_dot8(acc, c8, CB, xt, c8, sw * CB, xstep, toffs, gt, 0, 8,
-                                           OW * 8, OW, rows, TAPS)
-                        else:
-                            _to_tile(dyf, (n * C + c0) * OH * OW + o0 * OW, OH * OW, rows * OW, cb,
-                                     gt, 0, flat, 0)
-                            for g in range(0, cv, 8):
-                                _taps_dot8(acc, g, CB, xt, g, sw * CB, xstep, toffs, gt, g, CB,
-                                           OW * CB, OW, rows, TAPS)
-                # finite operands give finite sums (padding products are exact zeros);
-                # a channel whose sums are not finite is summed again by the direct loop,
-                # which skips the padding (checked once per job: per image it cost a tenth
-                # of the time on 7x7 maps)
-                _lane_checks(acc, chk, cb, KT, CB)
-                for c in range(cb):
-                    if chk[c] == 0:
-                        continue
-                    for t in range(KT):
-                        acc[t * CB + c] = 0
-                    for n in range(p * N // P, (p + 1) * N // P):
-                        direct[:] = 0
-                        xs = x[n, :, :, c0 + c] if CL else x[n, c0 + c]
-                        gs = dy[n, :, :, c0 + c] if CL else dy[n, c0 + c]
-                        _bfil_direct(xs, gs, direct, KH_, KW_, sh, sw, rh, rw, ph, pw)
-                        for t in range(KT):
-                            acc[t * CB + c] += direct[t]
-                # a contiguous run per tap (indexing parts[p, kh, kw, c] element by element
-                # cost a tenth of the time on 7x7 maps)
+        pos = _positions(H, W, WP, ph, pw, CB)
+        xt = np.empty(((BR - 1) * sh + LA + 1) * WP * CB, x.dtype)
+        # the output gradient's tile; channels-last, only a short block's last lanes
+        flat = np.arange((0 if CL else OH * OW) + 8) * CB
+        gt = np.zeros(BR * OW * (8 if CL else CB), x.dtype)
+        acc = np.empty(KT * CB, x.dtype)
+        chk = np.empty(CB, x.dtype)
+        direct = np.empty(KT, x.dtype)
+        toffs = np.empty(KT, np.int64)
+        for kh in range(KH_):
+            for kw in range(KW_):
+                toffs[kh * KW_ + kw] = (kh * rh * WP + kw * rw) * CB
+        for job in range(grp * jobs // groups, (grp + 1) * jobs // groups):
+            p, blk = job // nblk, job % nblk
+            c0 = blk * CB
+            cb = min(CB, C - c0)
+            cv = (cb + 7) // 8 * 8
+            c8 = cb // 8 * 8
+            acc[:] = 0
+            for n in range(p * N // P, (p + 1) * N // P):
+                s0 = n * H * W * C + c0 if CL else (n * C + c0) * H * W
+                for o0 in range(0, OH, BR):
+                    o1 = min(OH, o0 + BR)
+                    lo = o0 * sh
+                    hi = lo + (o1 - o0 - 1) * sh + LA + 1
+                    _fill_band(xf, s0, H, W, lo, hi, ph, pw, cb, xt, WP, CB, pos, C, CL)
+                    # all the band's rows in one call per 8 lanes: the sums stay in
+                    # registers from the first row to the last
+                    rows, xstep = o1 - o0, sh * WP * CB
+                    if CL:
+                        g0 = (n * OH + o0) * OW * C + c0     # the band's rows are contiguous
+                        for g in range(0, c8, 8):
+                            _taps_dot8(acc, g, CB, xt, g, sw * CB, xstep, toffs, dyf, g0 + g,
+                                       C, OW * C, OW, rows, TAPS)
+                        if c8 < cb:
+                            # spare lanes of gt stay zero (np.zeros)
+                            for k in range(rows * OW):
+                                for c in range(c8, cb):
+                                    gt[k * 8 + c - c8] = dyf[g0 + k * C + c]
+                            _taps_dot8(acc, c8, CB, xt, c8, sw * CB, xstep, toffs, gt, 0, 8,
+                                       OW * 8, OW, rows, TAPS)
+                    else:
+                        _to_tile(dyf, (n * C + c0) * OH * OW + o0 * OW, OH * OW, rows * OW, cb,
+                                 gt, 0, flat, 0)
+                        for g in range(0, cv, 8):
+                            _taps_dot8(acc, g, CB, xt, g, sw * CB, xstep, toffs, gt, g, CB,
+                                       OW * CB, OW, rows, TAPS)
+            # finite operands give finite sums (padding products are exact zeros);
+            # a channel whose sums are not finite is summed again by the direct loop,
+            # which skips the padding (checked once per job: per image it cost a tenth
+            # of the time on 7x7 maps)
+            _lane_checks(acc, chk, cb, KT, CB)
+            for c in range(cb):
+                if chk[c] == 0:
+                    continue
                 for t in range(KT):
-                    d = (p * KT + t) * C + c0
-                    for c in range(cb):
-                        pf[_u(d + c)] = acc[_u(t * CB + c)]
+                    acc[t * CB + c] = 0
+                for n in range(p * N // P, (p + 1) * N // P):
+                    direct[:] = 0
+                    xs = x[n, :, :, c0 + c] if CL else x[n, c0 + c]
+                    gs = dy[n, :, :, c0 + c] if CL else dy[n, c0 + c]
+                    _bfil_direct(xs, gs, direct, KH_, KW_, sh, sw, rh, rw, ph, pw)
+                    for t in range(KT):
+                        acc[t * CB + c] += direct[t]
+            # a contiguous run per tap (indexing parts[p, kh, kw, c] element by element
+            # cost a tenth of the time on 7x7 maps)
+            for t in range(KT):
+                d = (p * KT + t) * C + c0
+                for c in range(cb):
+                    pf[_u(d + c)] = acc[_u(t * CB + c)]
 
     # Channels-last correlations stay on the row kernels (a channels-last tile
     # forward and input gradient measured even with them: 0.87-1.26)
-    return (None if CL else correlate), backprop_filter
+    def blocks(c):
+        return -(-c // CB)
+
+    return (None if CL else Parallel(
+                correlate, lambda src, w, dst, *_: min(src.shape[0] * blocks(src.shape[1]),
+                                                       GROUPS), 3),
+            Parallel(backprop_filter, lambda x, dy, parts, *_: min(
+                parts.shape[0] * blocks(x.shape[3] if CL else x.shape[1]), GROUPS), 3))
 
 
 class TileKernels:
