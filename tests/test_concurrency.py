@@ -190,8 +190,16 @@ def _kernels():
 
 
 def test_cpu_kernels_declare_nogil():
+    """Each kernel's task and the parallel launcher that runs the tasks."""
+    from numba import types
+
+    from numbasep.backends.cpu import tasks
     for k in _kernels():
-        assert k.targetoptions.get("nogil") is True, k.py_func.__name__
+        assert isinstance(k, tasks.Parallel), k
+        assert k.task.targetoptions.get("nogil") is True, k.py_func.__name__
+    launcher = tasks._launcher(types.none(types.int64, types.int64))
+    assert launcher.targetoptions.get("nogil") is True
+    assert launcher.targetoptions.get("parallel") is True
 
 
 def test_cpu_kernels_release_the_gil_while_computing():

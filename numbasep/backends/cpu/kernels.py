@@ -23,18 +23,22 @@ Taps are always summed in the order (kd, kh, kw), so both paths give the same
 sums. The correlations, in either layout, add each product with a fused
 multiply-add (:func:`.simd.fma`, one rounding per tap; the first product is
 rounded alone), as the lane, tile and plane kernels do: every route, in either
-layout, gives the same floats (tests/test_layout_bits.py). Kernels release the
-GIL (``nogil=True``): Python threads may call the operators concurrently; each call owns its output and scratch buffers. Parallel
+layout, gives the same floats (tests/test_layout_bits.py). Each kernel is a
+:class:`.tasks.Parallel`: one row or plane of its result (a part of its rows,
+for the filter gradient) is a task, compiled on its own and run in parallel by
+address. Kernels release the GIL (``nogil=True``): Python threads may call the
+operators concurrently; each call owns its output and scratch buffers. Parallel
 tasks own the outputs they write: no atomics, no races. The filter gradient sums
 per-chunk partial filters in a fixed order, with a chunking that depends on the
 problem only, never on the thread count, so results are bitwise reproducible.
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .halves import value as _val
 from .simd import fma as _fma
+from .tasks import Parallel
 
 # Reductions over a contiguous run may be reassociated so that they vectorise;
 # NaN and Inf still propagate (no 'nnan' / 'ninf').
@@ -403,20 +407,23 @@ def _bin_cf_flat(dyp, w, dxp, c, m, r0, r1, rh, rw, ph, pw):
                     dxf[_u(i)] = _fma(dyf[_u(i + off)], wv, dxf[_u(i)])
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def sum_partials(parts, dw):
+@njit(nogil=True, cache=True)
+def _sum_partials(t, count, parts, dw):
     """dw = parts[0] + parts[1] + ... in that order, for every filter element."""
     P = parts.shape[0]
     KD, KH, KW, C, M = dw.shape
-    for t in prange(KD * KH * KW):
-        td, tw = _split(t, KH * KW)
-        th, tw = _split(tw, KW)
-        for c in range(C):
-            for m in range(M):
-                s = parts[0, td, th, tw, c, m]
-                for p in range(1, P):
-                    s += parts[p, td, th, tw, c, m]
-                dw[td, th, tw, c, m] = s
+    td, tw = _split(t, KH * KW)
+    th, tw = _split(tw, KW)
+    for c in range(C):
+        for m in range(M):
+            s = parts[0, td, th, tw, c, m]
+            for p in range(1, P):
+                s += parts[p, td, th, tw, c, m]
+            dw[td, th, tw, c, m] = s
+
+
+sum_partials = Parallel(_sum_partials,
+                        lambda parts, dw: dw.shape[0] * dw.shape[1] * dw.shape[2], 2)
 
 
 # ------------------------------------------------------------------ kernel factory
@@ -487,36 +494,35 @@ def kernel_set(KH, KW):
 def _build(KH, KW):
     UNROLL = KH > 0
 
-    @njit(parallel=True, nogil=True, cache=True)
-    def forward_cl(x, w, y, sd, sh, sw, rd, rh, rw, pd, ph, pw):
+    @njit(nogil=True, cache=True)
+    def forward_cl(job, count, x, w, y, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         N, D, H, W, C = x.shape
         KD, M = w.shape[0], w.shape[4]
         _, OD, OH, OW, CM = y.shape
         a, b = _interior(W, pw, KW, rw, sw, OW)
-        for job in prange(N * OD * OH):
-            nd, oh = _split(job, OH)
-            n, od = _split(nd, OD)
-            yrow = y[n, od, oh]
-            id_ = od * sd - pd
-            ih0 = oh * sh - ph
-            if (UNROLL and M == 1 and KD == 1 and a < b and 0 <= id_ < D and ih0 >= 0
-                    and ih0 + (KH - 1) * rh < H):
-                for ow in range(a, b):
-                    iw0 = ow * sw - pw
-                    for c in range(C):
-                        acc = _val(x[n, id_, ih0, iw0, c]) * w[0, 0, 0, c, 0]
-                        for kh in range(KH):
-                            for kw in range(KW):
-                                if kh + kw > 0:
-                                    acc = _fma(_val(x[n, id_, ih0 + kh * rh, iw0 + kw * rw, c]),
-                                               w[0, kh, kw, c, 0], acc)
-                        yrow[ow, c] = acc
-                _fwd_cl_sides(x, w, yrow, n, od, oh, a, b, sd, sh, sw, rd, rh, rw, pd, ph, pw)
-            else:
-                _fwd_cl_sides(x, w, yrow, n, od, oh, 0, 0, sd, sh, sw, rd, rh, rw, pd, ph, pw)
+        nd, oh = _split(job, OH)
+        n, od = _split(nd, OD)
+        yrow = y[n, od, oh]
+        id_ = od * sd - pd
+        ih0 = oh * sh - ph
+        if (UNROLL and M == 1 and KD == 1 and a < b and 0 <= id_ < D and ih0 >= 0
+                and ih0 + (KH - 1) * rh < H):
+            for ow in range(a, b):
+                iw0 = ow * sw - pw
+                for c in range(C):
+                    acc = _val(x[n, id_, ih0, iw0, c]) * w[0, 0, 0, c, 0]
+                    for kh in range(KH):
+                        for kw in range(KW):
+                            if kh + kw > 0:
+                                acc = _fma(_val(x[n, id_, ih0 + kh * rh, iw0 + kw * rw, c]),
+                                           w[0, kh, kw, c, 0], acc)
+                    yrow[ow, c] = acc
+            _fwd_cl_sides(x, w, yrow, n, od, oh, a, b, sd, sh, sw, rd, rh, rw, pd, ph, pw)
+        else:
+            _fwd_cl_sides(x, w, yrow, n, od, oh, 0, 0, sd, sh, sw, rd, rh, rw, pd, ph, pw)
 
-    @njit(parallel=True, nogil=True, cache=True)
-    def forward_cf(x, w, y, sd, sh, sw, rd, rh, rw, pd, ph, pw):
+    @njit(nogil=True, cache=True)
+    def forward_cf(job, count, x, w, y, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         N, C, D, H, W = x.shape
         KD, KH_, KW_, _, M = w.shape
         _, CM, OD, OH, OW = y.shape
@@ -527,35 +533,34 @@ def _build(KH, KW):
         r1 = r1 if r1 < OH else OH
         r1 = r1 if r1 > r0 else r0
         flat = KD == 1 and sh == 1 and sw == 1 and OW == W
-        for job in prange(N * CM):
-            n, k = _split(job, CM)
-            c, m = _split(k, M)
-            for od in range(OD):
-                id_ = od * sd - pd
-                if flat and 0 <= id_ < D and r0 < r1:
-                    xp = x[n, c, id_]
-                    if UNROLL:
-                        _fwd_cf_flat_unrolled(xp, w, y[n, k, od], c, m, r0, r1, rh, rw, ph, pw,
-                                              KH, KW)
-                    else:
-                        _fwd_cf_flat(xp, w, y[n, k, od], c, m, r0, r1, rh, rw, ph, pw)
-                    for oh in range(r0, r1):
-                        yrow = y[n, k, od, oh]
-                        _fwd_cf_cols(xp, w, yrow, c, m, oh, 0, a, rh, rw, ph, pw)
-                        _fwd_cf_cols(xp, w, yrow, c, m, oh, b, OW, rh, rw, ph, pw)
-                    lo, hi = r0, r1
+        n, k = _split(job, CM)
+        c, m = _split(k, M)
+        for od in range(OD):
+            id_ = od * sd - pd
+            if flat and 0 <= id_ < D and r0 < r1:
+                xp = x[n, c, id_]
+                if UNROLL:
+                    _fwd_cf_flat_unrolled(xp, w, y[n, k, od], c, m, r0, r1, rh, rw, ph, pw,
+                                          KH, KW)
                 else:
-                    lo, hi = 0, 0
-                for oh in range(OH):
-                    if lo <= oh < hi:
-                        continue
+                    _fwd_cf_flat(xp, w, y[n, k, od], c, m, r0, r1, rh, rw, ph, pw)
+                for oh in range(r0, r1):
                     yrow = y[n, k, od, oh]
-                    yrow[:] = 0
-                    _fwd_cf_row(x, w, yrow, n, c, m, od, oh, 0, OW,
-                                sd, sh, sw, rd, rh, rw, pd, ph, pw)
+                    _fwd_cf_cols(xp, w, yrow, c, m, oh, 0, a, rh, rw, ph, pw)
+                    _fwd_cf_cols(xp, w, yrow, c, m, oh, b, OW, rh, rw, ph, pw)
+                lo, hi = r0, r1
+            else:
+                lo, hi = 0, 0
+            for oh in range(OH):
+                if lo <= oh < hi:
+                    continue
+                yrow = y[n, k, od, oh]
+                yrow[:] = 0
+                _fwd_cf_row(x, w, yrow, n, c, m, od, oh, 0, OW,
+                            sd, sh, sw, rd, rh, rw, pd, ph, pw)
 
-    @njit(parallel=True, nogil=True, cache=True)
-    def backprop_input_cl(dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
+    @njit(nogil=True, cache=True)
+    def backprop_input_cl(job, count, dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         N, D, H, W, C = dx.shape
         KD, M = w.shape[0], w.shape[4]
         _, OD, OH, OW, CM = dy.shape
@@ -564,30 +569,29 @@ def _build(KH, KW):
         a = a if a > 0 else 0
         b = OW - pw
         b = b if b < W else W
-        for job in prange(N * D * H):
-            nd, ih = _split(job, H)
-            n, id_ = _split(nd, D)
-            dxrow = dx[n, id_, ih]
-            od = id_ + pd
-            oh0 = ih + ph
-            if (UNROLL and M == 1 and KD == 1 and sw == 1 and sh == 1 and sd == 1 and a < b
-                    and od < OD and oh0 - (KH - 1) * rh >= 0 and oh0 < OH):
-                for iw in range(a, b):
-                    ow0 = iw + pw
-                    for c in range(C):
-                        acc = _val(dy[n, od, oh0, ow0, c]) * w[0, 0, 0, c, 0]
-                        for kh in range(KH):
-                            for kw in range(KW):
-                                if kh + kw > 0:
-                                    acc = _fma(_val(dy[n, od, oh0 - kh * rh, ow0 - kw * rw, c]),
-                                               w[0, kh, kw, c, 0], acc)
-                        dxrow[iw, c] = acc
-                _bin_cl_sides(dy, w, dxrow, n, id_, ih, a, b, sd, sh, sw, rd, rh, rw, pd, ph, pw)
-            else:
-                _bin_cl_sides(dy, w, dxrow, n, id_, ih, 0, 0, sd, sh, sw, rd, rh, rw, pd, ph, pw)
+        nd, ih = _split(job, H)
+        n, id_ = _split(nd, D)
+        dxrow = dx[n, id_, ih]
+        od = id_ + pd
+        oh0 = ih + ph
+        if (UNROLL and M == 1 and KD == 1 and sw == 1 and sh == 1 and sd == 1 and a < b
+                and od < OD and oh0 - (KH - 1) * rh >= 0 and oh0 < OH):
+            for iw in range(a, b):
+                ow0 = iw + pw
+                for c in range(C):
+                    acc = _val(dy[n, od, oh0, ow0, c]) * w[0, 0, 0, c, 0]
+                    for kh in range(KH):
+                        for kw in range(KW):
+                            if kh + kw > 0:
+                                acc = _fma(_val(dy[n, od, oh0 - kh * rh, ow0 - kw * rw, c]),
+                                           w[0, kh, kw, c, 0], acc)
+                    dxrow[iw, c] = acc
+            _bin_cl_sides(dy, w, dxrow, n, id_, ih, a, b, sd, sh, sw, rd, rh, rw, pd, ph, pw)
+        else:
+            _bin_cl_sides(dy, w, dxrow, n, id_, ih, 0, 0, sd, sh, sw, rd, rh, rw, pd, ph, pw)
 
-    @njit(parallel=True, nogil=True, cache=True)
-    def backprop_input_cf(dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
+    @njit(nogil=True, cache=True)
+    def backprop_input_cf(job, count, dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         N, C, D, H, W = dx.shape
         KD, KH_, KW_, _, M = w.shape
         _, CM, OD, OH, OW = dy.shape
@@ -606,92 +610,104 @@ def _build(KH, KW):
         r1 = r1 if r1 < H else H
         r1 = r1 if r1 > r0 else r0
         flat = KD == 1 and sd == 1 and sh == 1 and sw == 1 and OW == W
-        for job in prange(N * C):
-            n, c = _split(job, C)
-            for id_ in range(D):
-                od = id_ + pd
-                if flat and od < OD and r0 < r1:
-                    dxp = dx[n, c, id_]
-                    if UNROLL and M == 1:
-                        _bin_cf_flat_unrolled(dy[n, c, od], w, dxp, c, r0, r1, rh, rw, ph, pw,
-                                              KH, KW)
-                    else:
-                        for m in range(M):
-                            _bin_cf_flat(dy[n, c * M + m, od], w, dxp, c, m, r0, r1, rh, rw,
-                                         ph, pw)
-                    for ih in range(r0, r1):
-                        dxrow = dxp[ih]
-                        _bin_cf_cols(dy, w, dxrow, n, c, od, ih, 0, a, rh, rw, ph, pw)
-                        _bin_cf_cols(dy, w, dxrow, n, c, od, ih, b, W, rh, rw, ph, pw)
-                    lo, hi = r0, r1
+        n, c = _split(job, C)
+        for id_ in range(D):
+            od = id_ + pd
+            if flat and od < OD and r0 < r1:
+                dxp = dx[n, c, id_]
+                if UNROLL and M == 1:
+                    _bin_cf_flat_unrolled(dy[n, c, od], w, dxp, c, r0, r1, rh, rw, ph, pw,
+                                          KH, KW)
                 else:
-                    lo, hi = 0, 0
-                for ih in range(H):
-                    if lo <= ih < hi:
-                        continue
-                    dxrow = dx[n, c, id_, ih]
-                    dxrow[:] = 0
                     for m in range(M):
-                        _bin_cf_row(dy, w, dxrow, n, c, m, id_, ih, 0, W,
-                                    sd, sh, sw, rd, rh, rw, pd, ph, pw)
+                        _bin_cf_flat(dy[n, c * M + m, od], w, dxp, c, m, r0, r1, rh, rw,
+                                     ph, pw)
+                for ih in range(r0, r1):
+                    dxrow = dxp[ih]
+                    _bin_cf_cols(dy, w, dxrow, n, c, od, ih, 0, a, rh, rw, ph, pw)
+                    _bin_cf_cols(dy, w, dxrow, n, c, od, ih, b, W, rh, rw, ph, pw)
+                lo, hi = r0, r1
+            else:
+                lo, hi = 0, 0
+            for ih in range(H):
+                if lo <= ih < hi:
+                    continue
+                dxrow = dx[n, c, id_, ih]
+                dxrow[:] = 0
+                for m in range(M):
+                    _bin_cf_row(dy, w, dxrow, n, c, m, id_, ih, 0, W,
+                                sd, sh, sw, rd, rh, rw, pd, ph, pw)
 
-    @njit(parallel=True, nogil=True, cache=True)
-    def backprop_filter_cl(x, dy, parts, sd, sh, sw, rd, rh, rw, pd, ph, pw):
+    @njit(nogil=True, cache=True)
+    def backprop_filter_cl(p, count, x, dy, parts, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         N, D, H, W, C = x.shape
         P, KD, M = parts.shape[0], parts.shape[1], parts.shape[5]
         _, OD, OH, OW, CM = dy.shape
         rows = N * OD * OH
         a, b = _interior(W, pw, KW, rw, sw, OW)
-        for p in prange(P):
-            part = parts[p]
-            part[:] = 0
-            for row in range(p * rows // P, (p + 1) * rows // P):
-                nd, oh = _split(row, OH)
-                n, od = _split(nd, OD)
-                dyrow = dy[n, od, oh]
-                id_ = od * sd - pd
-                ih0 = oh * sh - ph
-                if (UNROLL and M == 1 and KD == 1 and a < b and 0 <= id_ < D and ih0 >= 0
-                        and ih0 + (KH - 1) * rh < H):
-                    for ow in range(a, b):
-                        iw0 = ow * sw - pw
-                        for kh in range(KH):
-                            xrow = x[n, id_, ih0 + kh * rh]
-                            for kw in range(KW):
-                                acc = part[0, kh, kw]
-                                iw = iw0 + kw * rw
-                                for c in range(C):
-                                    acc[c, 0] += _val(xrow[iw, c]) * _val(dyrow[ow, c])
-                    _bfil_cl_row(x, dyrow, part, n, od, oh, 0, a,
-                                 sd, sh, sw, rd, rh, rw, pd, ph, pw)
-                    _bfil_cl_row(x, dyrow, part, n, od, oh, b, OW,
-                                 sd, sh, sw, rd, rh, rw, pd, ph, pw)
-                else:
-                    _bfil_cl_row(x, dyrow, part, n, od, oh, 0, OW,
-                                 sd, sh, sw, rd, rh, rw, pd, ph, pw)
+        part = parts[p]
+        part[:] = 0
+        for row in range(p * rows // P, (p + 1) * rows // P):
+            nd, oh = _split(row, OH)
+            n, od = _split(nd, OD)
+            dyrow = dy[n, od, oh]
+            id_ = od * sd - pd
+            ih0 = oh * sh - ph
+            if (UNROLL and M == 1 and KD == 1 and a < b and 0 <= id_ < D and ih0 >= 0
+                    and ih0 + (KH - 1) * rh < H):
+                for ow in range(a, b):
+                    iw0 = ow * sw - pw
+                    for kh in range(KH):
+                        xrow = x[n, id_, ih0 + kh * rh]
+                        for kw in range(KW):
+                            acc = part[0, kh, kw]
+                            iw = iw0 + kw * rw
+                            for c in range(C):
+                                acc[c, 0] += _val(xrow[iw, c]) * _val(dyrow[ow, c])
+                _bfil_cl_row(x, dyrow, part, n, od, oh, 0, a,
+                             sd, sh, sw, rd, rh, rw, pd, ph, pw)
+                _bfil_cl_row(x, dyrow, part, n, od, oh, b, OW,
+                             sd, sh, sw, rd, rh, rw, pd, ph, pw)
+            else:
+                _bfil_cl_row(x, dyrow, part, n, od, oh, 0, OW,
+                             sd, sh, sw, rd, rh, rw, pd, ph, pw)
 
-    @njit(parallel=True, nogil=True, cache=True, fastmath=_REDUCE_MATH)
-    def backprop_filter_cf(x, dy, parts, sd, sh, sw, rd, rh, rw, pd, ph, pw):
+    @njit(nogil=True, cache=True, fastmath=_REDUCE_MATH)
+    def backprop_filter_cf(job, count, x, dy, parts, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         N, C, D, H, W = x.shape
         P, M = parts.shape[0], parts.shape[5]
         _, CM, OD, OH, OW = dy.shape
         # parts[p] holds the sum over batch chunk p; one task per (chunk, channel).
-        for job in prange(P * C):
-            p, c = _split(job, C)
-            part = parts[p]
-            part[:, :, :, c, :] = 0
-            for n in range(p * N // P, (p + 1) * N // P):
-                for m in range(M):
-                    for od in range(OD):
-                        for oh in range(OH):
-                            dyrow = dy[n, c * M + m, od, oh]
-                            _bfil_cf_row(x, dyrow, part, n, c, m, od, oh, 0, OW,
-                                         sd, sh, sw, rd, rh, rw, pd, ph, pw)
+        p, c = _split(job, C)
+        part = parts[p]
+        part[:, :, :, c, :] = 0
+        for n in range(p * N // P, (p + 1) * N // P):
+            for m in range(M):
+                for od in range(OD):
+                    for oh in range(OH):
+                        dyrow = dy[n, c * M + m, od, oh]
+                        _bfil_cf_row(x, dyrow, part, n, c, m, od, oh, 0, OW,
+                                     sd, sh, sw, rd, rh, rw, pd, ph, pw)
 
-    return KernelSet(forward_cl=forward_cl, forward_cf=forward_cf,
-                     backprop_input_cl=backprop_input_cl, backprop_input_cf=backprop_input_cf,
-                     backprop_filter_cl=backprop_filter_cl,
-                     backprop_filter_cf=backprop_filter_cf)
+    return KernelSet(
+        forward_cl=Parallel(forward_cl, _rows_of_result, 3),
+        forward_cf=Parallel(forward_cf, _planes_of_result, 3),
+        backprop_input_cl=Parallel(backprop_input_cl, _rows_of_result, 3),
+        backprop_input_cf=Parallel(backprop_input_cf, _planes_of_result, 3),
+        backprop_filter_cl=Parallel(backprop_filter_cl, lambda x, dy, parts, *_: parts.shape[0],
+                                    3),
+        backprop_filter_cf=Parallel(backprop_filter_cf,
+                                    lambda x, dy, parts, *_: parts.shape[0] * x.shape[1], 3))
+
+
+# The tasks of the forward and input-gradient kernels: one per row (channels-last)
+# or plane (channels-first) of the result, their third argument.
+def _rows_of_result(data, w, res, *_):
+    return res.shape[0] * res.shape[1] * res.shape[2]
+
+
+def _planes_of_result(data, w, res, *_):
+    return res.shape[0] * res.shape[1]
 
 
 def for_plan(plan):
