@@ -19,7 +19,10 @@ What is measured, per case:
 * With ``--peers``, the same cases in TensorFlow (oneDNN and Eigen), PyTorch
   (channels_last) and JAX, each in its own process restricted to the same number
   of threads (see :mod:`numbasep.peers`), and the ratio numbasep / best peer
-  (below 1 means numbasep is faster).
+  (below 1 means numbasep is faster). The peers' processes stay up for the whole
+  run, and each case's samples are taken in rounds, numbasep and every peer in
+  turn (:func:`numbasep.peers.driver.interleave`), so that the ratio compares
+  times taken over the same minutes of a shared machine.
 """
 
 import argparse
@@ -270,23 +273,66 @@ def select_cases(args):
                        N=args.batch, name=args.case)
 
 
-def time_case(case, repeats=15, min_time=2e-3, fresh=False, max_case_time=5.0):
-    """Time numbasep on one case (see the module docstring for the protocol).
+class _Numbasep:
+    """numbasep itself as a contender of :func:`numbasep.peers.driver.interleave`,
+    in this process: the results written into preallocated arrays (``out=``)."""
+
+    name = "numbasep"
+
+    def __init__(self):
+        self._fn = self._number = None
+
+    def prepare(self, case, min_time):
+        from .peers._harness import calibrate
+        try:
+            _, self._fn = suite.make_inputs(case, 0, out=True)
+            cal = calibrate(self._fn, min_time)
+        except Exception as e:  # a failing case must not hide the others
+            self._fn = None
+            return {"error": f"{type(e).__name__}: {e}"[:500]}
+        self._number = cal["number"]
+        return cal
+
+    def samples(self, count, warm_s=0.0):
+        from .peers._harness import samples
+        return samples(self._fn, self._number, count, warm_s)
+
+    def end(self):
+        self._fn = None
+
+
+def time_case(case, repeats=15, min_time=2e-3, fresh=False, max_case_time=5.0, peers=()):
+    """Time numbasep on one case, side by side with the running ``peers``
+    (:func:`numbasep.peers.driver.interleave`; see the module docstring for the
+    protocol).
+
+    Parameters
+    ----------
+    case : numbasep.suite.Case
+    repeats, min_time, max_case_time
+        The timing protocol (:func:`numbasep.peers._harness.time_call`).
+    fresh : bool
+        Also time calls that allocate their results, numbasep alone, afterwards.
+    peers : sequence of numbasep.peers.driver.Runner
+        Peers timed in turn with numbasep.
 
     Returns
     -------
     dict
-        The fields of :func:`numbasep.peers._harness.time_call` and, with
-        ``fresh``, ``fresh`` holding the same for calls that allocate their results.
+        Contender name (``"numbasep"`` and the peers') -> the fields of
+        :func:`numbasep.peers._harness.time_call` (numbasep's with ``fresh``
+        holding the same for calls that allocate their results), or a dict
+        with ``error``, ``unsupported`` or (a peer that went away) ``gone``.
     """
     from .peers._harness import time_call
-    _, fn = suite.make_inputs(case, 0, out=True)
-    res = time_call(fn, repeats=repeats, min_time=min_time, max_case_time=max_case_time)
-    del fn
-    if fresh:
+    from .peers.driver import interleave
+    res = interleave(case, [_Numbasep(), *peers], repeats=repeats, min_time=min_time,
+                     max_case_time=max_case_time)
+    ours = res["numbasep"]
+    if fresh and "median_s" in ours:
         _, fn = suite.make_inputs(case, 0, out=False)
-        res["fresh"] = time_call(fn, repeats=repeats, min_time=min_time,
-                                 max_case_time=max_case_time)
+        ours["fresh"] = time_call(fn, repeats=repeats, min_time=min_time,
+                                  max_case_time=max_case_time)
     return res
 
 
@@ -412,10 +458,13 @@ def format_header(report):
         for name, info in peers.get("info", {}).items():
             if info.get("status") == "ran":
                 lines.append(f"peer {name}: {info.get('version', '?')} "
-                             f"({info.get('threads', '?')} threads, own process)")
+                             f"({info.get('threads', '?')} threads, own process)"
+                             + (f"; STOPPED - {info['error']}" if info.get("partial") else ""))
             else:
                 lines.append(f"peer {name}: NOT RUN - {info.get('error', info.get('status'))}")
         if peers.get("ran"):
+            lines.append("Side by side: each case's samples taken in rounds, numbasep and the "
+                         "peers in turn (a rotated order)")
             lines.append("nb/best = numbasep median / best peer median (< 1: numbasep faster)")
     return "\n".join(lines)
 
@@ -533,31 +582,36 @@ def _measure(cases, args, progress):
         _note(f"measuring memory bandwidth ({threads} threads)...")
         report["bandwidth"] = measure_bandwidth(threads)
     bw = report.get("bandwidth")
-    bar = _Progress(len(cases), "numbasep", progress)
-    for case in cases:
-        try:
-            res = time_case(case, repeats=args.repeats, min_time=args.min_time,
-                            fresh=args.fresh)
-        except Exception as e:  # a failing case must not hide the others
-            res = {"error": f"{type(e).__name__}: {e}"[:500]}
-        report["rows"].append(_row(case, res, bw))
-        bar.step(case.name)
-        if report["machine"]["threading_layer"] in (None, "not yet started"):
-            report["machine"]["threading_layer"] = _numba_layer()
-    bar.close()
+    runners = {}
     if args.peers:
         from .peers import driver
         names = list(PEER_NAMES) if args.peers == "all" else _csv(args.peers)
-        peer_res = driver.run_peers(
-            cases, names, python=args.peers_python, threads=threads,
-            repeats=args.repeats, min_time=args.min_time, timeout=args.peer_timeout,
-            progress=progress)
-        report["peers"] = {"ran": [n for n in names if peer_res["info"][n]["status"] == "ran"],
-                           "info": peer_res["info"]}
-        for row in report["rows"]:
-            row["peers"] = {n: peer_res["results"].get(n, {}).get(row["name"])
-                            for n in report["peers"]["ran"]}
-            _best_peer(row)
+        runners = driver.start_peers(names, python=args.peers_python, threads=threads,
+                                     timeout=args.peer_timeout, progress=progress)
+        report["peers"] = {"ran": [n for n, r in runners.items() if r.alive]}
+    bar = _Progress(len(cases), "numbasep" + (" and peers" if runners else ""), progress)
+    try:
+        for case in cases:
+            res = time_case(case, repeats=args.repeats, min_time=args.min_time,
+                            fresh=args.fresh, peers=[r for r in runners.values() if r.alive])
+            row = _row(case, res.pop("numbasep"), bw)
+            if runners:
+                for name, r in res.items():
+                    if "gone" in r:
+                        runners[name].fail(f"{r['gone']} (at {case.name})")
+                        res[name] = None
+                row["peers"] = {n: res.get(n) for n in report["peers"]["ran"]}
+                _best_peer(row)
+            report["rows"].append(row)
+            bar.step(case.name)
+            if report["machine"]["threading_layer"] in (None, "not yet started"):
+                report["machine"]["threading_layer"] = _numba_layer()
+    finally:
+        for r in runners.values():
+            r.close()
+        bar.close()
+    if runners:
+        report["peers"]["info"] = {n: r.info for n, r in runners.items()}
     return report
 
 

@@ -262,18 +262,19 @@ def bare_python(tmp_path):
 
 
 def test_driver_reports_missing_peers(bare_python):
-    res = driver.run_peers(_TINY_CASES, list(driver.PEERS), python=bare_python, threads=1,
-                           progress=False)
-    for name in driver.PEERS:
-        info = res["info"][name]
-        assert info["status"] == "missing", info
-        assert "No module named" in info["error"]
-        assert res["results"][name] == {}
+    runners = driver.start_peers(list(driver.PEERS), python=bare_python, threads=1,
+                                 progress=False)
+    for name, r in runners.items():
+        assert not r.alive
+        assert r.info["status"] == "missing", r.info
+        assert "No module named" in r.info["error"]
+        r.close()
 
 
 def test_driver_reports_a_missing_interpreter(tmp_path):
-    info, results = driver.run_peer("torch", _TINY_CASES, python=str(tmp_path / "nope"))
-    assert info["status"] == "failed" and "cannot start" in info["error"] and not results
+    r = driver.Runner("torch", python=str(tmp_path / "nope"))
+    assert not r.alive
+    assert r.info["status"] == "failed" and "cannot start" in r.info["error"]
 
 
 def test_bench_with_missing_peers(tiny, bare_python, capsys, tmp_path):
@@ -288,29 +289,120 @@ def test_bench_with_missing_peers(tiny, bare_python, capsys, tmp_path):
     assert rep["peers"]["info"]["jax"]["status"] == "missing"
 
 
-def test_runner_protocol_with_a_fake_peer(tmp_path):
-    """A runner built on _harness.main speaks the protocol the driver reads."""
+_FAKE_RUNNER = """
+import os, sys, time
+sys.path.insert(0, {here!r})
+import _harness
+def load(threads):
+    return 'fake 1.0', None
+calls = 0
+def build(mod, case, rng):
+    if case['op'] != 'forward':
+        raise NotImplementedError('forward only')
+    def fn():
+        global calls
+        calls += 1
+        if calls > int(os.environ.get('FAKE_DIE_AFTER', '1000000')):
+            os._exit(9)                     # the process dies in the middle of a case
+        time.sleep(float(os.environ.get('FAKE_SLEEP', '0')))
+    return fn
+sys.exit(_harness.main('fake', load, build))
+"""
+
+
+@pytest.fixture
+def fake_peer(tmp_path, monkeypatch):
+    """A peer 'fake' whose runner is built on _harness.main: forward cases only,
+    each call sleeping FAKE_SLEEP seconds, the process dying after FAKE_DIE_AFTER
+    calls."""
     script = tmp_path / "fake_runner.py"
-    here = os.path.dirname(_harness.__file__)
-    script.write_text(
-        "import sys\n"
-        f"sys.path.insert(0, {here!r})\n"
-        "import _harness\n"
-        "def load(threads):\n    return 'fake 1.0', None\n"
-        "def build(mod, case, rng):\n"
-        "    if case['op'] != 'forward':\n        raise NotImplementedError('forward only')\n"
-        "    return lambda: None\n"
-        "sys.exit(_harness.main('fake', load, build))\n")
-    import subprocess
-    req = {"threads": 1, "repeats": 3, "min_time": 0,
-           "cases": [c.to_dict() for c in _TINY_CASES]}
-    p = subprocess.run([sys.executable, str(script)], input=json.dumps(req), text=True,
-                       capture_output=True, check=True)
-    msgs = [json.loads(line) for line in p.stdout.splitlines()]
-    assert msgs[0]["event"] == "start" and msgs[0]["version"] == "fake 1.0"
-    assert msgs[1]["name"] == _TINY_CASES[0].name and msgs[1]["median_s"] >= 0
-    assert msgs[2]["unsupported"] == "forward only"
-    assert msgs[-1]["event"] == "done"
+    script.write_text(_FAKE_RUNNER.format(here=os.path.dirname(_harness.__file__)))
+    monkeypatch.setitem(driver.PEERS, "fake", (str(script), {}, "a fake peer"))
+    monkeypatch.setattr(bench, "PEER_NAMES", bench.PEER_NAMES + ("fake",))
+    return monkeypatch
+
+
+def test_runner_speaks_the_protocol(fake_peer):
+    fake_peer.setenv("FAKE_SLEEP", "0.001")
+    r = driver.Runner("fake", threads=1)
+    try:
+        assert r.alive and r.info["version"] == "fake 1.0"
+        cal = r.prepare(_TINY_CASES[0], min_time=0.005)
+        assert cal["number"] >= 2 and cal["single_s"] >= 0.001
+        times = r.samples(4, warm_s=0.01)
+        assert len(times) == 4 and min(times) >= 0.001
+        r.end()
+        assert r.prepare(_TINY_CASES[1]) == {"unsupported": "forward only"}
+    finally:
+        r.close()
+    assert not r.alive
+
+
+class _Clock:
+    """A contender whose samples record the order they were taken in."""
+
+    def __init__(self, name, log, per_call=1e-3, unsupported=False):
+        self.name, self.log, self.per_call, self.unsupported = name, log, per_call, unsupported
+        self.ended = False
+
+    def prepare(self, case, min_time):
+        if self.unsupported:
+            return {"unsupported": "no"}
+        return {"first_call_s": 0.5, "single_s": self.per_call, "number": 1}
+
+    def samples(self, count, warm_s):
+        self.log.append((self.name, count, warm_s))
+        return [self.per_call] * count
+
+    def end(self):
+        self.ended = True
+
+
+def test_interleave_takes_turns_in_rotated_rounds():
+    log = []
+    a, b, c = _Clock("a", log), _Clock("b", log, 2e-3), _Clock("c", log, unsupported=True)
+    res = driver.interleave(_TINY_CASES[0], [a, b, c], repeats=7, rounds=3, gap=0,
+                            warm_s=0.25)
+    assert [n for n, _, _ in log] == ["a", "b", "b", "a", "a", "b"]
+    assert [k for n, k, _ in log if n == "a"] == [3, 2, 2]
+    assert {w for _, _, w in log} == {0.25}
+    assert res["a"]["median_s"] == 1e-3 and res["b"]["median_s"] == 2e-3
+    assert res["a"]["repeats"] == 7 and res["a"]["first_call_s"] == 0.5
+    assert res["c"] == {"unsupported": "no"}
+    assert a.ended and b.ended and not c.ended
+
+
+def test_interleave_keeps_a_slow_case_within_its_budget():
+    log = []
+    slow = _Clock("slow", log, per_call=1.0)
+    res = driver.interleave(_TINY_CASES[0], [slow], repeats=15, max_case_time=2.0, gap=0)
+    assert res["slow"]["repeats"] == 3 and sum(k for _, k, _ in log) == 3
+
+
+def test_bench_interleaves_with_a_peer(tiny, fake_peer, tmp_path):
+    fake_peer.setenv("FAKE_SLEEP", "0.002")
+    out = tmp_path / "r.json"
+    assert bench.run(_args(["--repeats", "3", "--min-time", "0", "--no-fresh",
+                            "--peers", "fake", "--json", str(out)])) == 0
+    rep = json.loads(out.read_text())
+    assert rep["peers"]["ran"] == ["fake"] and not rep["peers"]["info"]["fake"].get("partial")
+    fwd, other = rep["rows"][0], rep["rows"][1]
+    assert fwd["peers"]["fake"]["median_s"] >= 0.002 and fwd["best_peer"] == "fake"
+    assert fwd["ratio"] == fwd["numbasep"]["median_s"] / fwd["peers"]["fake"]["median_s"]
+    assert other["peers"]["fake"] == {"unsupported": "forward only"}
+
+
+def test_bench_survives_a_peer_that_dies(tiny, fake_peer, tmp_path, capsys):
+    fake_peer.setenv("FAKE_DIE_AFTER", "4")       # in the first case's samples
+    out = tmp_path / "r.json"
+    assert bench.run(_args(["--repeats", "3", "--min-time", "0", "--no-fresh",
+                            "--peers", "fake", "--json", str(out)])) == 0
+    rep = json.loads(out.read_text())
+    info = rep["peers"]["info"]["fake"]
+    assert info["partial"] and "exited with code 9" in info["error"]
+    assert all(r["peers"]["fake"] is None for r in rep["rows"])
+    assert all("median_s" in r["numbasep"] for r in rep["rows"])
+    assert "peer fake" in capsys.readouterr().out
 
 
 def test_time_call_statistics():

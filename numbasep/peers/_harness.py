@@ -7,16 +7,32 @@ without numbasep) and find it next to themselves on ``sys.path``. It therefore
 uses the standard library only (NumPy is imported lazily by the helpers that
 build arrays).
 
-Protocol of a runner: it reads one JSON object on stdin::
+Protocol of a runner, one JSON object per line each way. The runner reads a
+header::
 
-    {"peer": "torch-cl", "threads": 2, "repeats": 15, "min_time": 0.002,
-     "max_case_time": 5.0, "cases": [<Case.to_dict()>, ...]}
+    {"peer": "torch", "threads": 2}
 
-and writes JSON lines on stdout: first ``{"event": "start", "peer": ..., "version": ...}``
-or ``{"event": "missing", "peer": ..., "error": ...}`` (the framework cannot be
-imported), then one ``{"event": "case", "name": ..., ...timing...}`` or
-``{"event": "case", "name": ..., "error": ...}`` per case, and finally
-``{"event": "done"}``.
+and answers ``{"event": "start", "peer": ..., "version": ...}``, or
+``{"event": "missing", "peer": ..., "error": ...}`` when the framework cannot be
+imported (and exits). Then it serves commands until ``{"cmd": "quit"}`` or the
+end of its input, when it answers ``{"event": "done"}``:
+
+``{"cmd": "case", "case": <Case.to_dict()>, "min_time": 0.002, "warmup": 2}``
+    Build the case, call it (the first call, timed), warm it up and calibrate
+    ``number``, the back-to-back calls of one sample (:func:`calibrate`);
+    answer ``{"event": "ready", "name": ..., "first_call_s": ..., "single_s": ...,
+    "number": ...}``, or ``{"event": "case", "name": ..., "unsupported": ...}``
+    (the peer has no such operator) or ``... "error": ...}``.
+``{"cmd": "samples", "count": k, "warm_s": 0.02}``
+    Untimed calls for ``warm_s`` seconds (after another process ran, the first
+    calls are slower), then ``k`` samples of the ready case (:func:`samples`);
+    answer ``{"event": "samples", "times": [...]}``, seconds per call.
+``{"cmd": "end"}``
+    Drop the case and its arrays; answer ``{"event": "ended"}``.
+
+The driver interleaves these commands across the runners and numbasep itself,
+so that every contender's samples of a case are spread over the same stretch of
+time (:func:`numbasep.peers.driver.interleave`).
 """
 
 import gc
@@ -67,7 +83,57 @@ def summarize(times):
             "min_s": times[0], "max_s": times[-1]}
 
 
-def time_call(fn, repeats=15, min_time=2e-3, max_case_time=5.0, warmup=2, sync=None):
+def calibrate(fn, min_time=2e-3, warmup=2):
+    """Call ``fn`` ``warmup`` times (the first timed: it compiles or builds plans),
+    then once more, timed, to choose ``number``, the back-to-back calls of one
+    sample (a sample lasts at least ``min_time``).
+
+    Returns
+    -------
+    dict
+        ``first_call_s``, ``single_s`` (the timed call after warm-up) and ``number``.
+    """
+    t = time.perf_counter()
+    fn()
+    first = time.perf_counter() - t
+    for _ in range(max(0, warmup - 1)):
+        fn()
+    t = time.perf_counter()
+    fn()
+    single = max(time.perf_counter() - t, 1e-7)
+    return {"first_call_s": first, "single_s": single,
+            "number": max(1, min(10000, math.ceil(min_time / single)))}
+
+
+def samples(fn, number, count, warm_s=0.0):
+    """``count`` samples of ``number`` back-to-back calls of ``fn``, with the
+    garbage collector off; the seconds per call of each sample. Untimed calls
+    first for ``warm_s`` seconds (none when 0)."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < warm_s:
+        fn()
+    times = []
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(count):
+            t = time.perf_counter()
+            for _ in range(number):
+                fn()
+            times.append((time.perf_counter() - t) / number)
+    finally:
+        if was_enabled:
+            gc.enable()
+    return times
+
+
+def repeats_within(repeats, sample_s, max_case_time):
+    """Samples to take: ``repeats``, fewer (at least 3) when samples of
+    ``sample_s`` seconds would exceed ``max_case_time`` in all."""
+    return max(3, min(repeats, int(max_case_time / sample_s)))
+
+
+def time_call(fn, repeats=15, min_time=2e-3, max_case_time=5.0, warmup=2):
     """Time ``fn()``: warm up, then ``repeats`` samples of ``number`` back-to-back calls.
 
     Parameters
@@ -84,9 +150,6 @@ def time_call(fn, repeats=15, min_time=2e-3, max_case_time=5.0, warmup=2, sync=N
         Seconds the timed samples of one case may take in all (roughly).
     warmup : int
         Untimed calls first (the first compiles or builds plans).
-    sync : callable, optional
-        Called after ``fn`` inside the timed region (for asynchronous runtimes:
-        JAX's ``block_until_ready`` is applied by the runner itself).
 
     Returns
     -------
@@ -95,31 +158,11 @@ def time_call(fn, repeats=15, min_time=2e-3, max_case_time=5.0, warmup=2, sync=N
         range ``q3 - q1``), ``min_s``, ``max_s``, ``first_call_s`` (the first,
         compiling call), ``number`` and ``repeats``.
     """
-    t = time.perf_counter()
-    fn()
-    first = time.perf_counter() - t
-    for _ in range(max(0, warmup - 1)):
-        fn()
-    t = time.perf_counter()
-    fn()
-    single = max(time.perf_counter() - t, 1e-7)
-    number = max(1, min(10000, math.ceil(min_time / single)))
-    sample = single * number
-    repeats = max(3, min(repeats, int(max_case_time / sample)))
-    times = []
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        for _ in range(repeats):
-            t = time.perf_counter()
-            for _ in range(number):
-                fn()
-            times.append((time.perf_counter() - t) / number)
-    finally:
-        if was_enabled:
-            gc.enable()
-    res = summarize(times)
-    res.update(first_call_s=first, number=number, repeats=repeats)
+    cal = calibrate(fn, min_time, warmup)
+    number = cal["number"]
+    repeats = repeats_within(repeats, cal["single_s"] * number, max_case_time)
+    res = summarize(samples(fn, number, repeats))
+    res.update(first_call_s=cal["first_call_s"], number=number, repeats=repeats)
     return res
 
 
@@ -146,13 +189,20 @@ def random_array(rng, shape, dtype="float32"):
     return a
 
 
+def _read_commands():
+    for line in sys.stdin:
+        line = line.strip()
+        if line:
+            yield json.loads(line)
+
+
 def main(peer_name, load, build):
-    """Body of a runner script.
+    """Body of a runner script: serve the protocol above on stdin and stdout.
 
     Parameters
     ----------
     peer_name : str
-        Default peer name (the request's ``peer`` field wins).
+        Default peer name (the header's ``peer`` field wins).
     load : callable
         ``load(threads) -> (version_string, module)``; raises ``ImportError`` when the
         framework is not installed. It must set the framework's thread pools.
@@ -161,7 +211,8 @@ def main(peer_name, load, build):
         that runs the case once (synchronously), or raising ``NotImplementedError``
         with a reason when the peer has no such operator.
     """
-    req = json.loads(sys.stdin.read())
+    commands = _read_commands()
+    req = next(commands, {})
     peer = req.get("peer", peer_name)
     threads = int(req.get("threads", 2))
     pin_cpus(threads)
@@ -174,21 +225,33 @@ def main(peer_name, load, build):
     emit({"event": "start", "peer": peer, "version": version, "python": sys.executable,
           "threads": threads})
     import numpy as np
-    for case in req["cases"]:
-        rng = np.random.default_rng(0)
-        try:
-            fn = build(mod, case, rng)
-            res = time_call(fn, repeats=int(req.get("repeats", 15)),
-                            min_time=float(req.get("min_time", 2e-3)),
-                            max_case_time=float(req.get("max_case_time", 5.0)))
-            res.update(event="case", name=case["name"])
-            emit(res)
-        except NotImplementedError as e:
-            emit({"event": "case", "name": case["name"], "unsupported": str(e)})
-        except Exception as e:
-            msg = f"{type(e).__name__}: {e}"
-            emit({"event": "case", "name": case["name"], "error": msg[:500]})
-        fn = None
-        gc.collect()
+    fn = cal = None
+    for cmd in commands:
+        what = cmd.get("cmd")
+        if what == "quit":
+            break
+        if what == "case":
+            case = cmd["case"]
+            fn = cal = None
+            try:
+                fn = build(mod, case, np.random.default_rng(0))
+                cal = calibrate(fn, float(cmd.get("min_time", 2e-3)), int(cmd.get("warmup", 2)))
+                emit(dict(cal, event="ready", name=case["name"]))
+            except NotImplementedError as e:
+                fn = None
+                emit({"event": "case", "name": case["name"], "unsupported": str(e)})
+            except Exception as e:
+                fn = None
+                emit({"event": "case", "name": case["name"],
+                      "error": f"{type(e).__name__}: {e}"[:500]})
+        elif what == "samples" and fn is not None:
+            emit({"event": "samples", "times": samples(fn, cal["number"], int(cmd["count"]),
+                                                       float(cmd.get("warm_s", 0.0)))})
+        elif what == "end":
+            fn = cal = None
+            gc.collect()
+            emit({"event": "ended"})
+        else:
+            emit({"event": "error", "error": f"unexpected command {cmd!r}"[:500]})
     emit({"event": "done", "peer": peer})
     return 0
