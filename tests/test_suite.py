@@ -361,8 +361,7 @@ class _Clock:
 def test_interleave_takes_turns_in_rotated_rounds():
     log = []
     a, b, c = _Clock("a", log), _Clock("b", log, 2e-3), _Clock("c", log, unsupported=True)
-    res = driver.interleave(_TINY_CASES[0], [a, b, c], repeats=7, rounds=3, gap=0,
-                            warm_s=0.25)
+    res = driver.interleave(_TINY_CASES[0], [a, b, c], repeats=7, rounds=3, warm_s=0.25)
     assert [n for n, _, _ in log] == ["a", "b", "b", "a", "a", "b"]
     assert [k for n, k, _ in log if n == "a"] == [3, 2, 2]
     assert {w for _, _, w in log} == {0.25}
@@ -375,7 +374,7 @@ def test_interleave_takes_turns_in_rotated_rounds():
 def test_interleave_keeps_a_slow_case_within_its_budget():
     log = []
     slow = _Clock("slow", log, per_call=1.0)
-    res = driver.interleave(_TINY_CASES[0], [slow], repeats=15, max_case_time=2.0, gap=0)
+    res = driver.interleave(_TINY_CASES[0], [slow], repeats=15, max_case_time=2.0)
     assert res["slow"]["repeats"] == 3 and sum(k for _, k, _ in log) == 3
 
 

@@ -224,22 +224,22 @@ ROUNDS = 3
 #: process ran, a large case's first calls are slower. On this 2-core VM, N = 32
 #: 56x56x144 stride-2 forward, the three samples of a round after one untimed
 #: call (ms): numbasep 3.6, 2.8, 1.8, PyTorch 3.6, 2.0, 1.5; after 30 ms of
-#: calls: 1.5, 1.6, 1.5 and 1.3, 1.4, 1.4, as when each is timed alone.
+#: calls: 1.5, 1.6, 1.5 and 1.3, 1.4, 1.4, as when each is timed alone. The
+#: untimed calls also outlast the previous contender's spinning thread pools, so
+#: no pause is left between turns: a pause lets the whole VM go idle, and then
+#: numbasep's samples were disturbed (over 1.5x the case's best) six times as
+#: often (26 of 243 against 4 with no pause, N = 8 maps of 28x28 and less).
 WARM = 0.05
 
-#: Seconds of quiet before each contender's round: the thread pools of the one
-#: before (OpenMP, Eigen, Numba's) spin for a while after their last call.
-GAP = 0.05
-
-
 def interleave(case, contenders, repeats=15, min_time=2e-3, max_case_time=5.0,
-               rounds=ROUNDS, gap=GAP, warm_s=WARM):
+               rounds=ROUNDS, warm_s=WARM):
     """Time one case on every contender, side by side.
 
     Every contender builds and warms up the case first; then its ``repeats``
     samples (fewer, at least 3, for a slow case: ``max_case_time`` each) are
     taken in ``rounds`` rounds, the contenders taking turns in each round in an
-    order rotated from one round to the next, after ``gap`` seconds of quiet.
+    order rotated from one round to the next, each turn opened by ``warm_s``
+    seconds of untimed calls.
 
     Parameters
     ----------
@@ -279,8 +279,6 @@ def interleave(case, contenders, repeats=15, min_time=2e-3, max_case_time=5.0,
             count = n // rounds + (r < n % rounds)
             if not count:
                 continue
-            if gap and len(plan) > 1:
-                time.sleep(gap)
             try:
                 out[name] += c.samples(count, warm_s)
             except PeerGone as e:
