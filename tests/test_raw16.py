@@ -1,7 +1,7 @@
 """16-bit operands read as bit patterns by the channels-last row and lane kernels
 (``halves.value``; the driver's ``_Launch.raw16``, 2-D 3x3 and 5x5 windows) and
-by the channels-first plane kernels (any window), and 16-bit results written as
-bit patterns by the lane and plane kernels (``writes16``): results bit for bit
+by the channels-first plane and tile kernels, and 16-bit results written as bit
+patterns by the lane, plane and tile kernels (``writes16``): results bit for bit
 those of the widened-copy path, which test_keras_ops / test_raw_ops check
 against the float64 reference, on every op, stride, dilation, padding and
 multiplier; and the routes that take them."""
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import numbasep as nb
 import support
-from numbasep.backends.cpu import driver, halves, kernels, lanes, planes
+from numbasep.backends.cpu import driver, halves, kernels, lanes, planes, tiles
 
 import reference as ref
 
@@ -261,12 +261,22 @@ def test_planes_read_and_write_bit_patterns_as_the_widened_path_rounds(plane_ker
     strided = data.draw(st.booleans(), label="strided")
     strides = tuple(data.draw(st.integers(1, 3)) for _ in spatial) if strided else 1
     dil = 1 if strided else tuple(data.draw(st.integers(1, 3)) for _ in spatial)
-    scale = data.draw(st.sampled_from([1.0, 2.0 ** -12, 2.0 ** 7]), label="scale")
     kw = dict(strides=strides, padding=padding, data_format="channels_first",
               dilation_rate=dil)
+    operands = _channels_first_operands(data, dtype, (2, c, *spatial), (*ks, c, m), kw)
+    if operands:
+        _assert_bits_round_as_widened(plane_kernels, dtype,
+                                      lambda: _ops_with_out(*operands, kw))
+
+
+def _channels_first_operands(data, dtype, x_shape, k_shape, kw):
+    """(x, k, dy) of ``dtype`` for a channels-first problem, scaled to reach
+    overflow or the subnormal range, a NaN drawn into x or k or neither; None
+    when the problem is invalid."""
+    scale = data.draw(st.sampled_from([1.0, 2.0 ** -12, 2.0 ** 7]), label="scale")
     rng = np.random.default_rng(data.draw(st.integers(0, 2**16), label="seed"))
-    x = (rng.uniform(-2, 2, (2, c, *spatial)) * scale).astype(dtype)
-    k = rng.uniform(-2, 2, (*ks, c, m)).astype(dtype)
+    x = (rng.uniform(-2, 2, x_shape) * scale).astype(dtype)
+    k = rng.uniform(-2, 2, k_shape).astype(dtype)
     poison = data.draw(st.sampled_from([None, "x", "k"]), label="nan")
     if poison:
         a = x if poison == "x" else k
@@ -274,6 +284,64 @@ def test_planes_read_and_write_bit_patterns_as_the_widened_path_rounds(plane_ker
     try:
         out_shape = nb.depthwise_conv(x, k, **kw).shape
     except nb.InvalidArgumentError:
+        return None
+    return x, k, (rng.uniform(-2, 2, out_shape) * scale).astype(dtype)
+
+
+@pytest.fixture
+def tile_kernels(monkeypatch):
+    """Route every channels-first 3x3 problem the tile kernels can take to them
+    (64 channels per tile at stride 1, 16 when strided; a strided input gradient
+    stays on the planes), decided afresh per call; returns the switch of
+    :func:`row_kernels`, with ``taken``: whether each kernel run was a tile or
+    plane kernel, and ``tiled``: whether it was a tile kernel."""
+    real = driver._by_planes
+
+    def width(plan, adjoint=False):
+        if not (real(plan) and plan.kernel[1:] in tiles.WINDOWS and plan.multiplier == 1):
+            return 0
+        if plan.strides != (1, 1, 1):
+            return 0 if adjoint else tiles.NARROW
+        return tiles.WIDE
+    monkeypatch.setattr(driver, "_tile_width", width)
+    monkeypatch.setattr(driver, "_filter_tile_width", width)
+    support.route_afresh(monkeypatch)
+    taken, tiled = [], []
+    real_launch = driver._launch
+
+    def spy(kern, *args):
+        if kern is not kernels.sum_partials:
+            tiled.append(getattr(kern, "task", kern).py_func.__module__ == tiles.__name__)
+            taken.append(tiled[-1] or kern in (planes.backprop_input,
+                                               planes.backprop_input_streaming))
+        return real_launch(kern, *args)
+    monkeypatch.setattr(driver, "_launch", spy)
+    switch = _bits_switch(monkeypatch, taken)
+    switch.tiled = tiled
+    return switch
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float16", "bfloat16"])
+def test_tiles_read_and_write_bit_patterns_as_the_widened_path_rounds(tile_kernels, dtype,
+                                                                      data):
+    """Channels-first 3x3 problems on the tile kernels: blocks of channels cut at
+    every remainder (tiles of 64 and 16), strides, dilations, paddings; the three
+    ops' bits those of widened copies and float32 results rounded once (overflow,
+    results near the subnormal range, ``out=`` and without); a NaN tap or input
+    goes through the direct loops, which read and round alike."""
+    h, w = data.draw(st.integers(1, 9), label="h"), data.draw(st.integers(1, 9), label="w")
+    c = data.draw(st.sampled_from([1, 8, 9, 17, 64, 65, 71]), label="channels")
+    strides = data.draw(st.sampled_from([1, 1, 2, (1, 2)]), label="strides")
+    dil = data.draw(st.sampled_from([1, 2, (1, 3)]), label="dilation") if strides == 1 else 1
+    padding = data.draw(st.sampled_from(["valid", "same"]), label="padding")
+    kw = dict(strides=strides, padding=padding, data_format="channels_first",
+              dilation_rate=dil)
+    operands = _channels_first_operands(data, dtype, (2, c, h, w), (3, 3, c, 1), kw)
+    if not operands:
         return
-    dy = (rng.uniform(-2, 2, out_shape) * scale).astype(dtype)
-    _assert_bits_round_as_widened(plane_kernels, dtype, lambda: _ops_with_out(x, k, dy, kw))
+    tile_kernels.tiled.clear()
+    _assert_bits_round_as_widened(tile_kernels, dtype, lambda: _ops_with_out(*operands, kw))
+    assert sum(tile_kernels.tiled) >= (3 if strides == 1 else 2) * 2   # both runs

@@ -469,7 +469,7 @@ def _correlation(plan, adjoint):
         taps = (plan.kernel[1], plan.kernel[2], plan.channels)
         stream = None if width else _plane_streaming(plan, adjoint)
         return _Launch(kern, (_plane_shape(plan, data), taps, _plane_shape(plan, res)), params,
-                       raw16=not width, writes16=not width, stream=stream)
+                       raw16=True, writes16=True, stream=stream)
     if _transpose_pays(plan):
         return None
     five = (plan.input_shape5, plan.output_shape5)
@@ -805,7 +805,7 @@ def _filter_gradient_route(plan):
         return _Launch(kern, (_plane_shape(plan, plan.in_sizes),
                               _plane_shape(plan, plan.out_sizes),
                               (chunks, kh, kw, c), (chunks, 1, kh, kw, c, 1)), params,
-                       raw16=not width)
+                       raw16=not (width and plan.channels_last))
     ks = kernels.for_plan(plan)
     fsize = plan.kernel[0] * plan.kernel[1] * plan.kernel[2] * plan.channels * plan.multiplier
     if not plan.channels_last:

@@ -21,6 +21,12 @@ taps are not all finite (forward, input gradient), and channels whose
 filter-gradient sums over a chunk of images are not finite, are therefore
 recomputed by the direct loops of :mod:`.planes`, which skip the padding.
 
+Channels-first 16-bit operands (float16 as ``int16``, bfloat16 as ``uint16``
+bit patterns: :func:`.halves.bits`) are read and written in place: a job widens
+its block of channels (a contiguous run of the array) into a float32 buffer of
+its own before filling tiles from it, and a 16-bit result's block is assembled in
+float32 and rounded as it is stored. No widened copy of a whole operand is made.
+
 These kernels take 2-D (and 1-D) problems with depth multiplier 1: at stride 1
 on small maps, and the forward and filter gradient of strided 3x3 windows on
 mid-sized maps (the driver's ``_tile_width`` and ``_filter_tile_width`` say
@@ -29,8 +35,11 @@ the other kernels.
 """
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
+from .halves import stored as _stored
+from .halves import value as _value
 from .kernels import UNROLLED, _REDUCE_MATH, _u
 
 #: Window shapes the tile kernels are built for (the unrolled ones of the row kernels).
@@ -48,6 +57,56 @@ GROUPS = 64
 # Channels per tile: on small maps eight 8-lane vectors per pixel (a 9 x 9 tile of
 # them is 20 KiB); on larger, strided maps two, so that the tile stays in L2.
 WIDE, NARROW = 64, 16
+
+def _bits(a):
+    """Whether array ``a`` holds 16-bit bit patterns (a compile-time constant)."""
+    return False
+
+
+@overload(_bits)
+def _bits_impl(a):
+    held = a.dtype in (types.uint16, types.int16)
+    return lambda a: held
+
+
+def _floats(a, a0, n, buf):
+    """(array, offset) holding ``a[a0:a0 + n]`` as the kernels compute with it:
+    ``a`` itself, or for bit patterns ``buf`` with the run widened into it."""
+    return a, a0
+
+
+@overload(_floats)
+def _floats_impl(a, a0, n, buf):
+    if a.dtype in (types.uint16, types.int16):
+        def widen(a, a0, n, buf):
+            for i in range(n):
+                buf[i] = _value(a[_u(a0 + i)])
+            return buf, 0
+        return widen
+    return lambda a, a0, n, buf: (a, a0)
+
+
+def _result(d, d0, buf):
+    """(array, offset) a run of results starting at ``d[d0]`` is assembled in:
+    ``d`` itself, or for bit patterns ``buf`` (then :func:`_store`)."""
+    return d, d0
+
+
+@overload(_result)
+def _result_impl(d, d0, buf):
+    if d.dtype in (types.uint16, types.int16):
+        return lambda d, d0, buf: (buf, 0)
+    return lambda d, d0, buf: (d, d0)
+
+
+@njit(inline="always")
+def _store(buf, n, d, d0):
+    """The run assembled by :func:`_result` into ``d[d0:d0 + n]``, each value
+    rounded to ``d``'s 16-bit type as it is stored (nothing to do for floats)."""
+    if _bits(d):
+        for i in range(n):
+            d[_u(d0 + i)] = _stored(buf[i], d)
+
 
 @njit(inline="always")
 def _to_tile(src, s0, cs, P, cb, tile, t0, pos, p0):
@@ -197,7 +256,8 @@ def _build(KH, KW, CB, CL):
         sum over taps of dy[n, c, ih + ph - kh*rh, iw + pw - kw*rw] * w[kh, kw, c].
 
         ``src[N, C, SH, SW]``, ``w[KH, KW, C]``, ``dst[N, C, DH, DW]``; ``band``: tile
-        elements per band of output rows.
+        elements per band of output rows. ``src`` and ``dst`` may hold 16-bit bit
+        patterns (``w`` then holds float32).
         """
         N, C, SH, SW, DH, DW = _dims(src, dst, False)
         KH_, KW_ = KH, KW           # compile-time constants: the tap loops unroll
@@ -224,10 +284,13 @@ def _build(KH, KW, CB, CL):
         jobs = N * nblk
         pos = _positions(SH, SW, WP, r0, q0, CB)
         down = np.arange(8) * (DH * DW)
-        st = np.empty(((BR - 1) * sh + LA + 1) * WP * CB, src.dtype)
-        dt = np.empty(BR * DW * CB, src.dtype)
-        wt = np.empty(TAPS * CB, src.dtype)
-        chk = np.empty(CB, src.dtype)
+        st = np.empty(((BR - 1) * sh + LA + 1) * WP * CB, w.dtype)
+        dt = np.empty(BR * DW * CB, w.dtype)
+        wt = np.empty(TAPS * CB, w.dtype)
+        chk = np.empty(CB, w.dtype)
+        # a job's block widened, and its result before rounding (16-bit operands)
+        sblk = np.empty(CB * SH * SW if _bits(src) else 0, w.dtype)
+        dblk = np.empty(CB * DH * DW if _bits(dst) else 0, w.dtype)
         # cells with no taps (windows in the padding, inputs no window reads):
         # +0, where the tile's zeros give -0 products with a negative tap
         lost_rows = _unlinked(DH, SH, KH_, sh, rh, ph, not adjoint)
@@ -244,18 +307,19 @@ def _build(KH, KW, CB, CL):
                 finite = True
                 for c in range(cb):
                     finite = finite and chk[c] == 0
+            sa, s0 = _floats(sf, (n * C + c0) * SH * SW, cb * SH * SW, sblk)
+            da, d0 = _result(df, (n * C + c0) * DH * DW, dblk)
             for i0 in range(0, DH, BR):
                 i1 = min(DH, i0 + BR)
                 lo = i0 * sh + br - lead
-                _fill_band(sf, (n * C + c0) * SH * SW, SH, SW, lo,
-                           lo + (i1 - i0 - 1) * sh + LA + 1, r0, q0, cb, st, WP, CB, pos, C,
-                           False)
+                _fill_band(sa, s0, SH, SW, lo, lo + (i1 - i0 - 1) * sh + LA + 1, r0, q0, cb,
+                           st, WP, CB, pos, C, False)
                 for i in range(i0, i1):
                     b = ((i * sh + br - lo) * WP + bq) * CB
                     _taps_rows(dt, (i - i0) * DW * CB, CB, st, b, sw * CB, rstep, cstep,
                                wt, 0, KW * CB, CB, DW, KH_, cv, KW, 0, None, 1, 1)
-                _from_tile(dt, (i1 - i0) * DW, cb, df, (n * C + c0) * DH * DW + i0 * DW,
-                           DH * DW, down, CB)
+                _from_tile(dt, (i1 - i0) * DW, cb, da, d0 + i0 * DW, DH * DW, down, CB)
+            _store(dblk, cb * DH * DW, df, (n * C + c0) * DH * DW)
             for c in range(c0, c0 + cb if lost_rows[0] + lost_cols[0] > 0 else c0):
                 _clear(df, (n * C + c) * DH * DW, DH, DW, lost_rows, lost_cols)
             if finite:
@@ -272,7 +336,8 @@ def _build(KH, KW, CB, CL):
     def backprop_filter(grp, groups, x, dy, parts, sh, sw, rh, rw, ph, pw, band):
         """parts[p, kh, kw, c] = the filter gradient of channel c over the images of
         chunk p. Chunks depend on the problem only; each task sums its chunk's images
-        in order, so the result does not depend on the thread count."""
+        in order, so the result does not depend on the thread count. Channels-first
+        ``x`` and ``dy`` may hold 16-bit bit patterns."""
         N, C, H, W, OH, OW = _dims(x, dy, CL)
         P, KH_, KW_ = parts.shape[0], KH, KW
         KT = KH_ * KW_
@@ -287,13 +352,16 @@ def _build(KH, KW, CB, CL):
         # as in the correlation
         jobs = P * nblk
         pos = _positions(H, W, WP, ph, pw, CB)
-        xt = np.empty(((BR - 1) * sh + LA + 1) * WP * CB, x.dtype)
+        xt = np.empty(((BR - 1) * sh + LA + 1) * WP * CB, parts.dtype)
         # the output gradient's tile; channels-last, only a short block's last lanes
         flat = np.arange((0 if CL else OH * OW) + 8) * CB
-        gt = np.zeros(BR * OW * (8 if CL else CB), x.dtype)
-        acc = np.empty(KT * CB, x.dtype)
-        chk = np.empty(CB, x.dtype)
-        direct = np.empty(KT, x.dtype)
+        gt = np.zeros(BR * OW * (8 if CL else CB), parts.dtype)
+        acc = np.empty(KT * CB, parts.dtype)
+        chk = np.empty(CB, parts.dtype)
+        direct = np.empty(KT, parts.dtype)
+        # a block of x and of dy widened (16-bit, channels-first)
+        xblk = np.empty(CB * H * W if _bits(x) else 0, parts.dtype)
+        gblk = np.empty(CB * OH * OW if _bits(dy) else 0, parts.dtype)
         toffs = np.empty(KT, np.int64)
         for kh in range(KH_):
             for kw in range(KW_):
@@ -306,12 +374,15 @@ def _build(KH, KW, CB, CL):
             c8 = cb // 8 * 8
             acc[:] = 0
             for n in range(p * N // P, (p + 1) * N // P):
-                s0 = n * H * W * C + c0 if CL else (n * C + c0) * H * W
+                # (bit patterns come channels-first only: the driver's routes)
+                xa, s0 = _floats(xf, n * H * W * C + c0 if CL else (n * C + c0) * H * W,
+                                 cb * H * W, xblk)
+                ga, gs0 = _floats(dyf, (n * C + c0) * OH * OW, cb * OH * OW, gblk)
                 for o0 in range(0, OH, BR):
                     o1 = min(OH, o0 + BR)
                     lo = o0 * sh
                     hi = lo + (o1 - o0 - 1) * sh + LA + 1
-                    _fill_band(xf, s0, H, W, lo, hi, ph, pw, cb, xt, WP, CB, pos, C, CL)
+                    _fill_band(xa, s0, H, W, lo, hi, ph, pw, cb, xt, WP, CB, pos, C, CL)
                     # all the band's rows in one call per 8 lanes: the sums stay in
                     # registers from the first row to the last
                     rows, xstep = o1 - o0, sh * WP * CB
@@ -328,8 +399,7 @@ def _build(KH, KW, CB, CL):
                             _taps_dot8(acc, c8, CB, xt, c8, sw * CB, xstep, toffs, gt, 0, 8,
                                        OW * 8, OW, rows, TAPS)
                     else:
-                        _to_tile(dyf, (n * C + c0) * OH * OW + o0 * OW, OH * OW, rows * OW, cb,
-                                 gt, 0, flat, 0)
+                        _to_tile(ga, gs0 + o0 * OW, OH * OW, rows * OW, cb, gt, 0, flat, 0)
                         for g in range(0, cv, 8):
                             _taps_dot8(acc, g, CB, xt, g, sw * CB, xstep, toffs, gt, g, CB,
                                        OW * CB, OW, rows, TAPS)
