@@ -101,7 +101,9 @@ def configure_parser(parser):
                         help="interpreter that runs the peers (default: this one), e.g. "
                              "/tmp/peers-venv/bin/python")
     parser.add_argument("--peer-timeout", type=float, default=900.0, metavar="SECONDS",
-                        help="give up on a peer process after this long (default 900)")
+                        help="give up on a peer process that has not answered (built and "
+                             "warmed up a case, or taken a round of samples) after this "
+                             "long (default 900)")
     parser.add_argument("--json", default=None, metavar="FILE_OR_-",
                         help="write the results as JSON to FILE (- for stdout; the table "
                              "then goes to stderr)")
@@ -330,9 +332,12 @@ def time_case(case, repeats=15, min_time=2e-3, fresh=False, max_case_time=5.0, p
                      max_case_time=max_case_time)
     ours = res["numbasep"]
     if fresh and "median_s" in ours:
-        _, fn = suite.make_inputs(case, 0, out=False)
-        ours["fresh"] = time_call(fn, repeats=repeats, min_time=min_time,
-                                  max_case_time=max_case_time)
+        try:
+            _, fn = suite.make_inputs(case, 0, out=False)
+            ours["fresh"] = time_call(fn, repeats=repeats, min_time=min_time,
+                                      max_case_time=max_case_time)
+        except Exception as e:  # say so in the row; the out= timing stands
+            ours["fresh"] = {"error": f"{type(e).__name__}: {e}"[:500]}
     return res
 
 
