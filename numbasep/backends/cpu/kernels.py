@@ -92,6 +92,24 @@ def _interior(size, pad, k, r, s, out_size):
 
 
 @njit(inline="always")
+def _row_origin(row, OD, OH, sd, sh, pd, ph):
+    """Output row ``row`` of the (n, od, oh) rows in order: n, od, oh, and the
+    input depth and input row its window's first tap reads."""
+    nd, oh = _split(row, OH)
+    n, od = _split(nd, OD)
+    return n, od, oh, od * sd - pd, oh * sh - ph
+
+
+@njit(inline="always")
+def _unrolled_row(unroll, M, KD, a, b, id_, D, ih0, KH, rh, H):
+    """Whether a channels-last output row takes the unrolled interior loop: the
+    window unrolled, depth multiplier 1, a 2-D window, some interior columns
+    [a, b), and every tap row of its window inside the input."""
+    return (unroll and M == 1 and KD == 1 and a < b and 0 <= id_ < D and ih0 >= 0
+            and ih0 + (KH - 1) * rh < H)
+
+
+@njit(inline="always")
 def _clip(lo, hi, a, b):
     lo = a if a > lo else lo
     hi = b if b < hi else hi
@@ -500,13 +518,9 @@ def _build(KH, KW):
         KD, M = w.shape[0], w.shape[4]
         _, OD, OH, OW, CM = y.shape
         a, b = _interior(W, pw, KW, rw, sw, OW)
-        nd, oh = _split(job, OH)
-        n, od = _split(nd, OD)
+        n, od, oh, id_, ih0 = _row_origin(job, OD, OH, sd, sh, pd, ph)
         yrow = y[n, od, oh]
-        id_ = od * sd - pd
-        ih0 = oh * sh - ph
-        if (UNROLL and M == 1 and KD == 1 and a < b and 0 <= id_ < D and ih0 >= 0
-                and ih0 + (KH - 1) * rh < H):
+        if _unrolled_row(UNROLL, M, KD, a, b, id_, D, ih0, KH, rh, H):
             for ow in range(a, b):
                 iw0 = ow * sw - pw
                 for c in range(C):
@@ -648,13 +662,9 @@ def _build(KH, KW):
         part = parts[p]
         part[:] = 0
         for row in range(p * rows // P, (p + 1) * rows // P):
-            nd, oh = _split(row, OH)
-            n, od = _split(nd, OD)
+            n, od, oh, id_, ih0 = _row_origin(row, OD, OH, sd, sh, pd, ph)
             dyrow = dy[n, od, oh]
-            id_ = od * sd - pd
-            ih0 = oh * sh - ph
-            if (UNROLL and M == 1 and KD == 1 and a < b and 0 <= id_ < D and ih0 >= 0
-                    and ih0 + (KH - 1) * rh < H):
+            if _unrolled_row(UNROLL, M, KD, a, b, id_, D, ih0, KH, rh, H):
                 for ow in range(a, b):
                     iw0 = ow * sw - pw
                     for kh in range(KH):
