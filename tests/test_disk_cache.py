@@ -75,3 +75,77 @@ def test_a_new_process_compiles_nothing_the_cache_holds():
     recompiled = [(m, name, misses) for m, name, _, misses in second if misses]
     assert not recompiled, f"compiled again in a new process: {recompiled}"
     assert all(hits for _, _, hits, _ in second)
+
+
+EDITED = r"""
+import json, sys
+import numpy as np
+import numbasep
+from numbasep.backends.cpu import kernels
+assert numbasep.__file__.startswith(sys.argv[1]), numbasep.__file__
+dw = np.zeros((1, 1, 1, 3, 1))
+kernels._sum_partials(0, 1, np.ones((2, 1, 1, 1, 3, 1)), dw)
+assert (dw == 2).all()
+s = kernels._sum_partials.stats
+print(json.dumps([sum(s.cache_hits.values()), sum(s.cache_misses.values())]))
+"""
+
+
+def test_an_edit_to_any_kernel_module_invalidates_every_cached_kernel(tmp_path):
+    # Numba alone keys an entry on its own file; a kernel inlines its siblings'
+    # helpers, so editing one (simd.py here, not kernels.py) must make it compile again
+    import os
+    import shutil
+
+    import numbasep
+    root = tmp_path / "src"
+    shutil.copytree(os.path.dirname(numbasep.__file__), root / "numbasep",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = dict(os.environ, PYTHONPATH=str(root), NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+
+    def run():
+        proc = subprocess.run([sys.executable, "-c", EDITED, str(root)], capture_output=True,
+                              text=True, timeout=600, env=env, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return tuple(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+    assert run() == (0, 1)                   # compiled and saved
+    assert run() == (1, 0)                   # unchanged sources: loaded
+    with open(root / "numbasep" / "backends" / "cpu" / "simd.py", "a") as f:
+        f.write("\n# an edit to a helper module\n")
+    assert run() == (0, 1)                   # compiled again
+    assert run() == (1, 0)
+
+
+def test_only_the_kernels_modules_take_the_tree_stamp():
+    from numba import njit
+    from numba.core import caching
+
+    from numbasep.backends.cpu import cache_key, kernels
+    impl = cache_key._impl_class()
+    before = list(impl._locator_classes)
+    assert cache_key.install() and impl._locator_classes == before     # idempotent
+    locator = kernels._sum_partials._cache._impl.locator
+    assert isinstance(locator, cache_key._TreeStamp)
+    assert locator.get_source_stamp()[1] == cache_key.sources_digest()
+
+    def users_function(a):
+        return a + 1
+
+    user = njit(cache=True)(users_function)
+    assert not isinstance(user._cache._impl.locator, cache_key._TreeStamp)
+    assert isinstance(user._cache._impl.locator, caching._CacheLocator)
+
+
+def test_the_digest_covers_every_module_of_the_directory(tmp_path):
+    from numbasep.backends.cpu import cache_key
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "b.py").write_text("y = 2\n")
+    (tmp_path / "notes.txt").write_text("not a module\n")
+    first = cache_key.sources_digest(str(tmp_path))
+    (tmp_path / "notes.txt").write_text("changed\n")
+    assert cache_key.sources_digest(str(tmp_path)) == first
+    (tmp_path / "b.py").write_text("y = 3\n")
+    assert cache_key.sources_digest(str(tmp_path)) != first
+    (tmp_path / "b.py").write_text("y = 2\n")
+    assert cache_key.tree_digest(str(tmp_path)) == first

@@ -2,10 +2,13 @@
 
 Importing this package (``numbasep`` does, first thing) also sets one
 process-wide default, before any OpenMP runtime is loaded: ``GOMP_SPINCOUNT``
-(see :data:`OPENMP_SPIN`).
+(see :data:`OPENMP_SPIN`), and keys the kernels' on-disk cache entries on all of
+this directory's sources (:mod:`.cache_key`), before any kernel is decorated.
 """
 
 import os
+
+from . import cache_key
 
 #: How long (busy-wait iterations) GNU OpenMP's idle threads spin before they
 #: sleep, unless the environment says otherwise. The default (300,000 iterations,
@@ -22,6 +25,8 @@ import os
 OPENMP_SPIN = "10000"
 
 os.environ.setdefault("GOMP_SPINCOUNT", OPENMP_SPIN)
+
+cache_key.install()
 
 
 def backend():
