@@ -1,6 +1,7 @@
 """The channels-first tile kernels (numbasep/backends/cpu/tiles.py).
 
-They take channels-first problems on stride-1 maps up to 8 x 8 (3x3: 19 x 19), and strided
+They take channels-first problems on stride-1 maps up to 19 x 19 for 3x3 windows, 28 x 28
+for 5x5 and 7x7 (1-D windows: 64 pixels), and strided
 forward and filter-gradient problems (larger maps in bands of output rows),
 transposing blocks of channels into channels-last tiles with 8 x 8 register
 transposes (tested in test_simd.py). The tests aim at what is theirs: strides,
@@ -128,14 +129,17 @@ def test_which_problems_the_tile_kernels_take(monkeypatch):
     wide, narrow = tiles.WIDE, tiles.NARROW
     assert set(widths((2, 16, 7, 7), [1, 1, 1, 1])) == {wide}           # small map
     assert set(widths((2, 16, 19, 19), [1, 1, 1, 1])) == {wide}
-    assert set(widths((2, 16, 28, 28), [1, 1, 1, 1])) == {0}            # larger: planes
+    assert set(widths((2, 16, 21, 21), [1, 1, 1, 1])) == {0}            # larger: planes
     # strided 3x3 on a mid-sized map: forward and filter gradient, not input gradient
     assert 0 in widths((2, 16, 56, 56), [1, 1, 2, 2]) and narrow in seen
     assert set(widths((1, 16, 112, 112), [1, 1, 2, 2])) == {narrow, 0}  # in bands
     assert set(widths((2, 7, 7, 16), [1, 1, 1, 1], "NHWC")) <= {0}     # channels-last
-    w = np.ones((5, 5, 16, 1), np.float32)                # 5x5 past 64 pixels: planes
-    assert set(widths((2, 16, 14, 14), [1, 1, 1, 1])) == {0}
-    assert set(widths((2, 16, 8, 8), [1, 1, 1, 1])) == {wide}
+    w = np.ones((5, 5, 16, 1), np.float32)                # 5x5 and 7x7: up to 28 x 28
+    assert set(widths((2, 16, 28, 28), [1, 1, 1, 1])) == {wide}
+    assert set(widths((2, 16, 29, 28), [1, 1, 1, 1])) == {0}
+    w = np.ones((1, 5, 16, 1), np.float32)                # 1-D windows: up to 64 pixels
+    assert set(widths((2, 16, 1, 64), [1, 1, 1, 1])) == {wide}
+    assert set(widths((2, 16, 1, 65), [1, 1, 1, 1])) == {0}
     w = np.ones((2, 3, 16, 1), np.float32)                              # no 2x3 tile kernels
     assert set(widths((2, 16, 7, 7), [1, 1, 1, 1])) == {0}
 
@@ -154,3 +158,27 @@ def test_unrolled_5x5_window_on_a_7x7_map_matches_the_reference():
     support.assert_three_ops_match_the_reference(
         (2, 70, 7, 7), (5, 5, 70, 1),
         dict(strides=[1, 1, 1, 1], padding="SAME", data_format="NCHW"), np.float32)
+
+
+@pytest.mark.parametrize("attrs", [
+    dict(padding="SAME"),
+    dict(padding="VALID", dilations=[1, 1, 2, 1]),
+    dict(padding="EXPLICIT", explicit_paddings=[0, 0, 0, 0, 4, 1, 0, 3]),
+], ids=["same", "valid-dilated", "explicit"])
+def test_5x5_windows_on_28x28_maps_in_bands_match_the_reference(monkeypatch, attrs):
+    """5x5 and 7x7 windows on maps up to 28 x 28 run on the tiles, a band of a few
+    output rows at a time: bands of 5x5 windows (four rows read above and below
+    each band) in the forward, the input gradient and the filter gradient."""
+    seen = []
+    real = driver._tile_width
+
+    def spy(plan, adjoint=False):
+        seen.append(real(plan, adjoint))
+        return seen[-1]
+    monkeypatch.setattr(driver, "_tile_width", spy)
+    monkeypatch.setattr(driver, "_TILE_BAND", 5000)        # bands of 1-2 rows of 64 lanes
+    support.route_afresh(monkeypatch)
+    attrs = dict(strides=[1, 1, 1, 1], data_format="NCHW", **attrs)
+    support.assert_three_ops_match_the_reference((2, 70, 28, 27), (5, 5, 70, 1), attrs,
+                                                 np.float32)
+    assert seen and set(seen) == {tiles.WIDE}

@@ -154,10 +154,12 @@ def _by_planes(plan):
 
 
 # Largest map (pixels, input or output) the tile kernels take at stride 1, with
-# tiles of 64 channels: any of their windows up to _SMALL_PIXELS, 3x3 up to
-# _TILE_PIXELS; largest tile or band of a tile (elements) a task holds.
+# tiles of 64 channels: 1-D windows up to _SMALL_PIXELS, 3x3 up to _TILE_PIXELS
+# (19 x 19), 5x5 and 7x7 up to _LARGE_WINDOW_PIXELS (28 x 28); largest tile or
+# band of a tile (elements) a task holds.
 _SMALL_PIXELS = 64
 _TILE_PIXELS = 400
+_LARGE_WINDOW_PIXELS = 784
 _TILE_SCRATCH = 1 << 18
 
 # Largest tile (elements) a tile task fills at once: a larger map is taken in bands
@@ -182,16 +184,26 @@ def _tile_width(plan, adjoint=False):
     else 0. They take what the plane kernels take, for the window shapes they are
     built for, where measured faster:
 
-    * stride 1 on maps of at most ``_SMALL_PIXELS`` pixels (7 x 7, 8 x 8), and for
-      3x3 windows up to ``_TILE_PIXELS`` (19 x 19), all three ops, 64 channels per
-      tile: there a plane's own costs outweigh its few hundred outputs (5x5 and 7x7
-      windows on 14x14 maps measured even: 14x14x384 7x7 forward N=8 NCHW/NHWC 0.71
-      planes, 0.74 tiles; 14x14x672 5x5 0.91 / 0.88; they stay on the planes, which
-      also spares CI a compilation per window shape). 1 thread, float32, NCHW/NHWC
-      time ratio on the plane -> tile kernels: 14x14x384 3x3 N=8 forward 1.15 ->
-      0.95, input gradient 1.82 -> 1.04, filter gradient 1.43 -> 0.98; 19x19x728
-      forward N=1 1.83 -> 1.04; 7x7x960 forward N=8 1.21 -> 0.66 ms. From 28 x 28 on
-      the two are even (plane kernels 0.74-1.10, tiles 0.87-1.33).
+    * stride 1 on maps of at most ``_TILE_PIXELS`` pixels for 3x3 windows (19 x 19),
+      ``_LARGE_WINDOW_PIXELS`` for 5x5 and 7x7 (28 x 28), ``_SMALL_PIXELS`` for 1-D
+      windows, all three ops, 64 channels per tile: there a plane's own costs
+      outweigh its few hundred outputs. 1 thread, float32, NCHW/NHWC time
+      ratio on the plane -> tile kernels: 14x14x384 3x3 N=8 forward 1.15 -> 0.95,
+      input gradient 1.82 -> 1.04, filter gradient 1.43 -> 0.98; 19x19x728 forward
+      N=1 1.83 -> 1.04; 7x7x960 forward N=8 1.21 -> 0.66 ms. 5x5 and 7x7 windows on
+      14x14 maps and every window on 28x28 maps once measured even and stayed on
+      the planes; with both kernels (and the channels-last ones) as they are now,
+      the tiles win there (1 thread at N=1 and 8, 2 at N=32; NCHW/NHWC time, planes
+      / tiles, the three forced in turn in one process, medians of 5 rounds):
+      14x14x384 7x7 forward N=8 1.52 / 1.01, N=32 1.42 / 0.84; 14x14x672 5x5
+      forward N=8 1.47 / 1.10, input gradient 1.75 / 1.39, N=32 1.46 / 1.04, filter
+      gradient N=8 2.90 / 1.40, N=32 2.41 / 1.16; 28x28x240 5x5 N=32 forward 0.97 /
+      0.84, input gradient 1.05 / 0.96, filter gradient 1.75 / 1.35; 28x28x120 5x5
+      forward N=8 1.90 / 1.21. 3x3 windows on 28x28 maps stay on
+      the planes: the tiles won at N=8 (28x28x192 forward 1.22 / 1.06, input gradient
+      1.53 / 1.17) and lost at N=32 (0.74 / 0.88, 0.78 / 0.82, 1 thread). On 56x56 maps
+      the planes keep every window (56x56x144 3x3 forward N=8 0.83 / 1.13; 56x56x96
+      7x7 input gradient 1.14 / 1.55).
     * strided 3x3 windows (forward and filter gradient; the input gradient's tile
       form is stride 1 only), 16 channels per tile, in bands of ``_TILE_BAND``
       elements: 56x56x144 s2 forward N=1 0.29 -> 0.21 ms, N=8 4.0 -> 2.5; filter
@@ -206,7 +218,9 @@ def _tile_width(plan, adjoint=False):
     _, rh, _ = plan.dilations
     pixels, wp, tile = _tile_geometry(plan)
     if sh == sw == 1:
-        small = pixels <= _SMALL_PIXELS or (pixels <= _TILE_PIXELS and (kh, kw) == (3, 3))
+        limit = (_SMALL_PIXELS if kh == 1 else
+                 _TILE_PIXELS if (kh, kw) == (3, 3) else _LARGE_WINDOW_PIXELS)
+        small = pixels <= limit
         return tiles.WIDE if small and tile * tiles.WIDE <= _TILE_SCRATCH else 0
     smallest_band = ((kh - 1) * rh + 1 + sh) * wp * tiles.NARROW
     if adjoint or kh * kw > 9 or smallest_band > _TILE_SCRATCH:
