@@ -137,6 +137,7 @@ def test_which_problems_the_tile_kernels_take(monkeypatch):
     w = np.ones((5, 5, 16, 1), np.float32)                # 5x5 and 7x7: up to 28 x 28
     assert set(widths((2, 16, 28, 28), [1, 1, 1, 1])) == {wide}
     assert set(widths((2, 16, 29, 28), [1, 1, 1, 1])) == {0}
+    assert set(widths((2, 16, 56, 56), [1, 1, 2, 2])) == {narrow, 0}    # strided: any window
     w = np.ones((1, 5, 16, 1), np.float32)                # 1-D windows: up to 64 pixels
     assert set(widths((2, 16, 1, 64), [1, 1, 1, 1])) == {wide}
     assert set(widths((2, 16, 1, 65), [1, 1, 1, 1])) == {0}
@@ -164,11 +165,15 @@ def test_unrolled_5x5_window_on_a_7x7_map_matches_the_reference():
     dict(padding="SAME"),
     dict(padding="VALID", dilations=[1, 1, 2, 1]),
     dict(padding="EXPLICIT", explicit_paddings=[0, 0, 0, 0, 4, 1, 0, 3]),
-], ids=["same", "valid-dilated", "explicit"])
+    dict(padding="SAME", strides=[1, 1, 2, 2]),
+    dict(padding="EXPLICIT", explicit_paddings=[0, 0, 0, 0, 0, 3, 2, 1], strides=[1, 1, 3, 2],
+         dilations=[1, 1, 1, 2]),
+], ids=["same", "valid-dilated", "explicit", "strided", "strided-dilated"])
 def test_5x5_windows_on_28x28_maps_in_bands_match_the_reference(monkeypatch, attrs):
-    """5x5 and 7x7 windows on maps up to 28 x 28 run on the tiles, a band of a few
-    output rows at a time: bands of 5x5 windows (four rows read above and below
-    each band) in the forward, the input gradient and the filter gradient."""
+    """5x5 and 7x7 windows run on the tiles on maps up to 28 x 28 (strided forwards
+    and filter gradients on larger ones too), a band of a few output rows at a time:
+    bands of 5x5 windows (four rows read below each band) in the forward, the input
+    gradient (stride 1; strided, the planes) and the filter gradient."""
     seen = []
     real = driver._tile_width
 
@@ -178,7 +183,8 @@ def test_5x5_windows_on_28x28_maps_in_bands_match_the_reference(monkeypatch, att
     monkeypatch.setattr(driver, "_tile_width", spy)
     monkeypatch.setattr(driver, "_TILE_BAND", 5000)        # bands of 1-2 rows of 64 lanes
     support.route_afresh(monkeypatch)
-    attrs = dict(strides=[1, 1, 1, 1], data_format="NCHW", **attrs)
+    strided = "strides" in attrs
+    attrs = dict(dict(strides=[1, 1, 1, 1], data_format="NCHW"), **attrs)
     support.assert_three_ops_match_the_reference((2, 70, 28, 27), (5, 5, 70, 1), attrs,
                                                  np.float32)
-    assert seen and set(seen) == {tiles.WIDE}
+    assert seen and set(seen) == ({tiles.NARROW, 0} if strided else {tiles.WIDE})

@@ -204,12 +204,18 @@ def _tile_width(plan, adjoint=False):
       1.53 / 1.17) and lost at N=32 (0.74 / 0.88, 0.78 / 0.82, 1 thread). On 56x56 maps
       the planes keep every window (56x56x144 3x3 forward N=8 0.83 / 1.13; 56x56x96
       7x7 input gradient 1.14 / 1.55).
-    * strided 3x3 windows (forward and filter gradient; the input gradient's tile
-      form is stride 1 only), 16 channels per tile, in bands of ``_TILE_BAND``
-      elements: 56x56x144 s2 forward N=1 0.29 -> 0.21 ms, N=8 4.0 -> 2.5; filter
-      gradient N=8 3.0 -> 2.0; 112x112x96 s2 filter gradient N=8 7.7 -> 5.8, forward
-      6.4 -> 6.1 (medians of 3 interleaved rounds; this machine's noise is +-20 %).
-      With 5x5 windows the plane kernels win.
+    * strided forwards and filter gradients (the input gradient's tile form is
+      stride 1 only), 16 channels per tile, in bands of ``_TILE_BAND`` elements:
+      56x56x144 3x3 s2 forward N=1 0.29 -> 0.21 ms, N=8 4.0 -> 2.5; filter gradient
+      N=8 3.0 -> 2.0; 112x112x96 3x3 s2 filter gradient N=8 7.7 -> 5.8, forward 6.4
+      -> 6.1 (medians of 3 interleaved rounds; this machine's noise is +-20 %).
+      5x5 and 7x7 windows once lost to the planes there and win now (1 thread,
+      NCHW/NHWC time, planes / tiles, as above). Forward: 56x56x72 5x5 s2 N=1 1.69
+      / 1.05, N=8 1.70 / 0.96, N=32 1.08 / 0.64; 28x28x120 5x5 s2 N=8 2.10 / 1.04;
+      112x112x32 5x5 s2 N=8 1.14 / 0.69; 56x56x96 7x7 s2 N=8 1.14 / 0.65. Filter
+      gradient: 56x56x72 5x5 s2 N=8 3.26 / 1.71, N=32 1.46 / 0.81; 28x28x120 5x5 s2
+      N=8 3.19 / 1.01; 112x112x32 5x5 s2 N=8 2.23 / 1.57; 56x56x96 7x7 s2 N=8 1.82
+      / 1.15.
     """
     if not _by_planes(plan) or plan.kernel[1:] not in tiles.WINDOWS:
         return 0
@@ -223,7 +229,7 @@ def _tile_width(plan, adjoint=False):
         small = pixels <= limit
         return tiles.WIDE if small and tile * tiles.WIDE <= _TILE_SCRATCH else 0
     smallest_band = ((kh - 1) * rh + 1 + sh) * wp * tiles.NARROW
-    if adjoint or kh * kw > 9 or smallest_band > _TILE_SCRATCH:
+    if adjoint or smallest_band > _TILE_SCRATCH:
         return 0
     return tiles.NARROW
 
