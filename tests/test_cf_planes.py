@@ -233,20 +233,19 @@ def test_large_results_stream_their_planes(monkeypatch, dtype, op, stride, pads)
     dy = rng.standard_normal(ys).astype(dtype)
     w64, x64, dy64 = (a.astype(np.float64) for a in (w, x, dy))
     if op == "forward":
-        res, streaming, plain_kernel = ys, planes.forward_streaming, planes.forward
+        res, kernel = ys, planes.forward
         run = lambda out: F(x, w, out=out, **attrs)                      # noqa: E731
         want = R.raw_forward(x64, w64, **attrs)
     else:
-        res, plain_kernel = shape, planes.backprop_input
-        streaming = planes.backprop_input_streaming
+        res, kernel = shape, planes.backprop_input
         run = lambda out: BI(list(shape), w, dy, out=out, **attrs)       # noqa: E731
         want = R.raw_backprop_input(list(shape), w64, dy64, **attrs)
     got = run(numbasep.empty_aligned(res, dtype))
-    assert used[-1] is streaming
+    assert used[-1][0] is kernel and used[-1][1][-1] is True       # its stream flag
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=0,
                                atol={np.float16: 2e-2}.get(dtype, 1e-5) * np.abs(want).max())
     plain = run(numbasep.empty_aligned((np.prod(res) + 1,), dtype)[1:].reshape(res))
-    assert used[-1] is plain_kernel
+    assert used[-1][0] is kernel and used[-1][1][-1] is False
     assert np.array_equal(plain.view(np.uint8), got.view(np.uint8))
 
 

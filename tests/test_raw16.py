@@ -312,8 +312,7 @@ def tile_kernels(monkeypatch):
     def spy(kern, *args):
         if kern is not kernels.sum_partials:
             tiled.append(getattr(kern, "task", kern).py_func.__module__ == tiles.__name__)
-            taken.append(tiled[-1] or kern in (planes.backprop_input,
-                                               planes.backprop_input_streaming))
+            taken.append(tiled[-1] or kern is planes.backprop_input)
         return real_launch(kern, *args)
     monkeypatch.setattr(driver, "_launch", spy)
     switch = _bits_switch(monkeypatch, taken)

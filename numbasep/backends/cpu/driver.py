@@ -399,13 +399,17 @@ class _Launch:
     rounded as it stores them (each result element is stored once, never read
     back), so it needs no float32 sums to round afterwards; ``stream``: the same
     kernel writing with non-temporal stores, run instead of ``kern`` when the
-    result array is 64-byte aligned (:func:`_streaming`), or None."""
+    result array is 64-byte aligned (:func:`_streaming`), or None; it takes
+    ``stream_params`` (by default ``params``): the plane kernels stream by a flag
+    among their arguments."""
 
-    __slots__ = ("kern", "shapes", "params", "raw16", "writes16", "stream")
+    __slots__ = ("kern", "shapes", "params", "raw16", "writes16", "stream", "stream_params")
 
-    def __init__(self, kern, shapes, params, raw16=False, writes16=False, stream=None):
+    def __init__(self, kern, shapes, params, raw16=False, writes16=False, stream=None,
+                 stream_params=None):
         self.kern, self.shapes, self.params, self.raw16 = kern, shapes, params, raw16
         self.writes16, self.stream = writes16, stream
+        self.stream_params = params if stream_params is None else stream_params
 
 
 # Results larger than this (bytes) are written with non-temporal stores by the
@@ -445,27 +449,34 @@ _STREAM_PLANES = 50 << 20
 
 
 def _plane_streaming(plan, adjoint):
-    """The plane kernel that streams its result planes, or None: the forward
-    (:func:`planes.forward` ``stream``), or (``adjoint``) the input gradient at
-    strides above 1 (:func:`planes.backprop_input` ``stream``), for a result
-    above ``_STREAM_PLANES`` bytes whose planes are whole 64-byte lines (so that
-    each plane of a 64-byte-aligned result starts on one: :func:`_kernel_for`)."""
+    """Whether the plane kernel streams its result planes (its ``stream`` flag):
+    the forward (:func:`planes.forward`), or (``adjoint``) the input gradient at
+    strides above 1 (:func:`planes.backprop_input`), for a result above
+    ``_STREAM_PLANES`` bytes whose planes are whole 64-byte lines (so that each
+    plane of a 64-byte-aligned result starts on one: :func:`_kernel_for`)."""
     item = plan.dtype.itemsize
     sizes, shape = ((plan.in_sizes, plan.input_shape) if adjoint
                     else (plan.out_sizes, plan.output_shape))
-    if not (simd.STREAMS and (plan.strides[1] * plan.strides[2] > 1 or not adjoint)
+    return (simd.STREAMS and (plan.strides[1] * plan.strides[2] > 1 or not adjoint)
             and sizes[1] * sizes[2] * item % 64 == 0
-            and math.prod(shape) * item > _STREAM_PLANES):
-        return None
-    return planes.backprop_input_streaming if adjoint else planes.forward_streaming
+            and math.prod(shape) * item > _STREAM_PLANES)
+
+
+def _plane_launch(kern, shapes, plan, stream=False):
+    """A :class:`_Launch` of the plane correlation ``kern`` (:func:`planes.forward`
+    or :func:`planes.backprop_input`); ``stream``: it streams its result planes
+    when the result is 64-byte aligned."""
+    params = _plane_params(plan)
+    return _Launch(kern, shapes, params + (False,), raw16=True, writes16=True,
+                   stream=kern if stream else None, stream_params=params + (True,))
 
 
 def _kernel_for(launch, buf):
-    """``launch``'s kernel for the result ``buf``: the streaming one where there
-    is one and ``buf`` is 64-byte aligned."""
+    """(kernel, scalar arguments) that compute ``launch`` into the result ``buf``:
+    the streaming kernel where there is one and ``buf`` is 64-byte aligned."""
     if launch.stream is not None and buf.__array_interface__["data"][0] % 64 == 0:
-        return launch.stream
-    return launch.kern
+        return launch.stream, launch.stream_params
+    return launch.kern, launch.params
 
 
 def _route(plan, name, decide):
@@ -481,15 +492,13 @@ def _correlation(plan, adjoint):
     data, res = (plan.out_sizes, plan.in_sizes) if adjoint else (plan.in_sizes, plan.out_sizes)
     width = _tile_width(plan, adjoint)
     if width or _by_planes(plan):
-        if width:
-            kern, params = tiles.for_plan(plan, width).correlate, _correlate_params(plan, adjoint)
-        else:
-            kern = planes.backprop_input if adjoint else planes.forward
-            params = _plane_params(plan)
         taps = (plan.kernel[1], plan.kernel[2], plan.channels)
-        stream = None if width else _plane_streaming(plan, adjoint)
-        return _Launch(kern, (_plane_shape(plan, data), taps, _plane_shape(plan, res)), params,
-                       raw16=True, writes16=True, stream=stream)
+        shapes = (_plane_shape(plan, data), taps, _plane_shape(plan, res))
+        if width:
+            return _Launch(tiles.for_plan(plan, width).correlate, shapes,
+                           _correlate_params(plan, adjoint), raw16=True, writes16=True)
+        return _plane_launch(planes.backprop_input if adjoint else planes.forward, shapes,
+                             plan, _plane_streaming(plan, adjoint))
     if _transpose_pays(plan):
         return None
     five = (plan.input_shape5, plan.output_shape5)
@@ -604,10 +613,8 @@ def _multiplier_plane_route(plan, op):
                        (xs, ys, (chunks, kh, kw, cm), (chunks,) + plan.filter_shape5),
                        _plane_params(plan), raw16=True)
     if op == "input_gradient":
-        return _Launch(planes.backprop_input, (ys, (kh, kw, cm), xs), _plane_params(plan),
-                       raw16=True, writes16=True)
-    return _Launch(planes.forward, (xs, (kh, kw, cm), ys), _plane_params(plan), raw16=True,
-                   writes16=True)
+        return _plane_launch(planes.backprop_input, (ys, (kh, kw, cm), xs), plan)
+    return _plane_launch(planes.forward, (xs, (kh, kw, cm), ys), plan)
 
 
 def _multiplier_launch(plan, name, data, result, result_plan):
@@ -711,9 +718,9 @@ def _run_fused_separable(launch, plan, x, dk, pk, buf):
     z = scratch.empty(scratch.INTERMEDIATE_0,
                       (min(jobs, numba.get_num_threads()),
                        max(1, _FUSED_ROWS_ELEMS // row) * row), _F32)
-    _launch(_kernel_for(launch, buf), _data(launch, x, xs, scratch.OPERAND_0, _compute),
-            _compute(dk, ws, scratch.OPERAND_1),
-            padded, buf.reshape(ys), z, *launch.params)
+    kern, params = _kernel_for(launch, buf)
+    _launch(kern, _data(launch, x, xs, scratch.OPERAND_0, _compute),
+            _compute(dk, ws, scratch.OPERAND_1), padded, buf.reshape(ys), z, *params)
 
 
 # Bytes of the separable gradient's intermediates (the depthwise output and its
@@ -904,8 +911,9 @@ def _run_correlation(launch, data, w, buf, operand=_compute):
     """Launch a correlation into ``buf``; ``operand`` views (and where needed
     converts) the two inputs for the kernel."""
     ds, ws, rs = launch.shapes
-    _launch(_kernel_for(launch, buf), _data(launch, data, ds, scratch.OPERAND_0, operand),
-            operand(w, ws, scratch.OPERAND_1), buf.reshape(rs), *launch.params)
+    kern, params = _kernel_for(launch, buf)
+    _launch(kern, _data(launch, data, ds, scratch.OPERAND_0, operand),
+            operand(w, ws, scratch.OPERAND_1), buf.reshape(rs), *params)
 
 
 def _run_filter_gradient(launch, plan, x, dy, buf, operand=_compute):

@@ -293,66 +293,63 @@ def _finite_taps(w, c):
     return s == 0
 
 
-def _build_forward(stream):
-    """:func:`forward`; ``stream``: each output plane assembled in a scratch plane
+@njit(inline="always")
+def _dims(x, w, y):
+    """(N, C, H, W, KH, KW, CM, OH, OW, M) of input planes ``x[N, C, H, W]``, taps
+    ``w[KH, KW, CM]`` and output planes ``y[N, CM, OH, OW]``, M = CM // C."""
+    N, C, H, W = x.shape
+    CM, OH, OW = y.shape[1], y.shape[2], y.shape[3]
+    return N, C, H, W, w.shape[0], w.shape[1], CM, OH, OW, CM // C
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def forward(x, w, y, sh, sw, rh, rw, ph, pw, stream):
+    """y[n, c*M + m, oh, ow] = sum over (kh, kw) of
+    x[n, c, oh*sh - ph + kh*rh, ow*sw - pw + kw*rw] * w[kh, kw, c*M + m].
+
+    ``x[N, C, H, W]``, ``w[KH, KW, C*M]``, ``y[N, C*M, OH, OW]``, all
+    C-contiguous (depth multiplier M: each input plane copied once for its M
+    output planes). ``stream``: each output plane assembled in a scratch plane
     and written to y with non-temporal stores (``y`` 64-byte aligned, planes of
-    whole 64-byte lines: the driver's ``_plane_streaming``)."""
-    @njit(parallel=True, nogil=True, cache=True)
-    def forward(x, w, y, sh, sw, rh, rw, ph, pw):
-        """y[n, c*M + m, oh, ow] = sum over (kh, kw) of
-        x[n, c, oh*sh - ph + kh*rh, ow*sw - pw + kw*rw] * w[kh, kw, c*M + m].
-
-        ``x[N, C, H, W]``, ``w[KH, KW, C*M]``, ``y[N, C*M, OH, OW]``, all
-        C-contiguous (depth multiplier M: each input plane copied once for its M
-        output planes).
-        """
-        N, C, H, W = x.shape
-        KH, KW = w.shape[0], w.shape[1]
-        CM, OH, OW = y.shape[1], y.shape[2], y.shape[3]
-        M = CM // C
-        RQ, WQ, L, S = _geometry(KH, KW, OH, OW, sh, sw, rh, rw)
-        wk = w.reshape(KH * KW, CM)
-        xf = x.reshape(N * C * H * W)
-        yf = y.reshape(N * CM * OH * OW)
-        NP = N * C
-        T = _task_count(NP, H * W)
-        for job in prange(T):
-            xp, cols, offs = _task_scratch(w.dtype, KH, KW, W, sh, sw, rh, rw, pw, WQ, S)
-            acc = np.empty(L, w.dtype)
-            wv = np.empty(KH * KW, w.dtype)
-            lost_rows = _unlinked(OH, H, KH, sh, rh, ph, True)
-            lost_cols = _unlinked(OW, W, KW, sw, rw, pw, True)
-            geo = (H, W, OH, OW, sh, sw, ph, pw, RQ, WQ, S, L, (KH - 1) * rh // sh + 2)
-            # stream: each output plane assembled here, then sent to y
-            stage = np.empty(OH * OW if stream else 0, y.dtype)
-            for pl in range(job * NP // T, (job + 1) * NP // T):
-                n, c = pl // C, pl % C
-                copied = False
-                for k in range(c * M, (c + 1) * M):
-                    if not _finite_taps(w, k):
-                        _fwd_direct(x[n, c], w, y[n, k], k, sh, sw, rh, rw, ph, pw)
-                        continue
-                    for t in range(KH * KW):
-                        wv[t] = wk[t, k]
-                    y0 = (n * CM + k) * OH * OW
-                    if stream:
-                        _fwd_plane(xf, (n * C + c) * H * W, not copied, xp, cols, acc, offs,
-                                   wv, KH * KW, stage, 0, geo)
-                        _clear(stage, 0, OH, OW, lost_rows, lost_cols)
-                        _stream_copy(yf, y0, stage, 0, OH * OW)
-                    else:
-                        _fwd_plane(xf, (n * C + c) * H * W, not copied, xp, cols, acc, offs,
-                                   wv, KH * KW, yf, y0, geo)
-                        _clear(yf, y0, OH, OW, lost_rows, lost_cols)
-                    copied = True
-            if stream:
-                _sfence()
-
-    return forward
-
-
-forward = _build_forward(False)
-forward_streaming = _build_forward(True)
+    whole 64-byte lines: the driver's ``_plane_streaming``). A run-time flag, not
+    a second kernel: it decides once per plane, and a second kernel cost CI and
+    a cold start another compilation per dtype.
+    """
+    N, C, H, W, KH, KW, CM, OH, OW, M = _dims(x, w, y)
+    RQ, WQ, L, S = _geometry(KH, KW, OH, OW, sh, sw, rh, rw)
+    wk = w.reshape(KH * KW, CM)
+    xf = x.reshape(N * C * H * W)
+    yf = y.reshape(N * CM * OH * OW)
+    NP = N * C
+    T = _task_count(NP, H * W)
+    for job in prange(T):
+        xp, cols, offs = _task_scratch(w.dtype, KH, KW, W, sh, sw, rh, rw, pw, WQ, S)
+        acc = np.empty(L, w.dtype)
+        wv = np.empty(KH * KW, w.dtype)
+        lost_rows = _unlinked(OH, H, KH, sh, rh, ph, True)
+        lost_cols = _unlinked(OW, W, KW, sw, rw, pw, True)
+        geo = (H, W, OH, OW, sh, sw, ph, pw, RQ, WQ, S, L, (KH - 1) * rh // sh + 2)
+        # stream: each output plane assembled here, then sent to y
+        stage = np.empty(OH * OW if stream else 0, y.dtype)
+        for pl in range(job * NP // T, (job + 1) * NP // T):
+            n, c = pl // C, pl % C
+            copied = False
+            for k in range(c * M, (c + 1) * M):
+                if not _finite_taps(w, k):
+                    _fwd_direct(x[n, c], w, y[n, k], k, sh, sw, rh, rw, ph, pw)
+                    continue
+                for t in range(KH * KW):
+                    wv[t] = wk[t, k]
+                y0 = (n * CM + k) * OH * OW
+                dst, d0 = (stage, 0) if stream else (yf, y0)
+                _fwd_plane(xf, (n * C + c) * H * W, not copied, xp, cols, acc, offs, wv,
+                           KH * KW, dst, d0, geo)
+                _clear(dst, d0, OH, OW, lost_rows, lost_cols)
+                if stream:
+                    _stream_copy(yf, y0, stage, 0, OH * OW)
+                copied = True
+        if stream:
+            _sfence()
 
 
 @njit(inline="always")
@@ -444,84 +441,74 @@ def _bin_direct(g, w, out, c, sh, sw, rh, rw, ph, pw):
             out[ih, iw] = _stored(s if some else s - s, out)
 
 
-def _build_backprop_input(stream):
-    """:func:`backprop_input`; ``stream``: its strided planes (multiplier 1) written
-    to dx with non-temporal stores, each assembled first in a scratch plane
-    (``dx`` 64-byte aligned, planes of whole 64-byte lines: the driver's
-    ``_plane_streaming``)."""
-    @njit(parallel=True, nogil=True, cache=True)
-    def backprop_input(dy, w, dx, sh, sw, rh, rw, ph, pw):
-        """The adjoint of :func:`forward`: each output's gradient spread over its window.
+@njit(parallel=True, nogil=True, cache=True)
+def backprop_input(dy, w, dx, sh, sw, rh, rw, ph, pw, stream):
+    """The adjoint of :func:`forward`: each output's gradient spread over its window.
 
-        ``dy[N, C*M, OH, OW]``, ``w[KH, KW, C*M]``, ``dx[N, C, H, W]``: depth
-        multiplier M, input channel c's gradient the sum of its M output channels'
-        (each computed as at multiplier 1, added in order of m).
-        """
-        N, C, H, W = dx.shape
-        KH, KW = w.shape[0], w.shape[1]
-        CM, OH, OW = dy.shape[1], dy.shape[2], dy.shape[3]
-        M = CM // C
-        RQ, WQ, L, S = _geometry(KH, KW, OH, OW, sh, sw, rh, rw)
-        wk = w.reshape(KH * KW, CM)
-        # Gather form, phase plane by phase plane: input cell j of phase plane (a, b)
-        # collects gp[j - off] * w for each tap of that phase, whose offset into the
-        # phase plane is off. gp is stored after a lead of zeros (lead >= every off).
-        dyf = dy.reshape(N * CM * OH * OW)
-        dxf = dx.reshape(N * C * H * W)
-        lead = ((KH - 1) * rh // sh + 1) * WQ + _VEC
-        LJ = (RQ * WQ + _VEC - 1) // _VEC * _VEC
-        # only the phase-plane rows that hold input rows are computed
-        j0 = (ph // sh) * WQ
-        LR = min(RQ * WQ, ((ph + H - 1) // sh + 1) * WQ) - j0
-        LR = (max(LR, 0) + _VEC - 1) // _VEC * _VEC
-        NP = N * C
-        T = _task_count(NP, H * W)
-        for job in prange(T):
-            xp = np.empty(sh * sw * S, w.dtype)
-            gp = np.zeros(lead + LJ + _VEC, w.dtype)    # columns past OW stay 0
-            cols = np.empty((sw, 2), np.int64)
-            _phase_cols(cols, sw, pw, W, WQ)
-            # taps grouped by phase: which taps, and their source offsets into gp
-            nph = sh * sw
-            count = np.zeros(nph, np.int64)
-            which = np.empty((nph, KH * KW), np.int64)
-            src = np.empty((nph, KH * KW), np.int64)
-            for kh in range(KH):
-                a, dr = (kh * rh) % sh, (kh * rh) // sh
-                for kw in range(KW):
-                    b, dq = (kw * rw) % sw, (kw * rw) // sw
-                    f = a * sw + b
-                    which[f, count[f]] = kh * KW + kw
-                    src[f, count[f]] = lead - (dr * WQ + dq) + j0
-                    count[f] += 1
-            wv = np.empty(KH * KW, w.dtype)
-            # input cells no window reaches: an empty sum, +0, where the phase planes
-            # hold sums of the padding's zero products (-0 with a negative tap)
-            lost_rows = _unlinked(H, OH, KH, sh, rh, ph, False)
-            lost_cols = _unlinked(W, OW, KW, sw, rw, pw, False)
-            geo = (H, W, OH, OW, sh, sw, rh, rw, ph, pw, RQ, WQ, S, lead, j0, LR)
-            # depth multiplier M > 1: the M output channels' gradients summed in order
-            # of m (as if the input were repeated in memory), the last sum stored
-            total = np.empty(H * W if M > 1 else 0, w.dtype)
-            more = np.empty(H * W if M > 1 else 0, w.dtype)
-            # stream: each strided plane assembled here, then sent to dx (_bin_plane)
-            stage = np.empty(H * W if stream and M == 1 and sh * sw > 1 else 0, dx.dtype)
-            p0, p1 = job * NP // T, (job + 1) * NP // T
-            if M > 1:
-                _bin_multiplier_planes(dy, dyf, w, wk, p0, p1, C, M, gp, xp, wv, count, which,
-                                       src, cols, lost_rows, lost_cols, dxf, total, more, geo)
-            else:
-                for pl in range(p0, p1):
-                    _bin_plane(dy, dyf, w, wk, pl // C, pl % C, gp, xp, wv, count, which, src,
-                               cols, lost_rows, lost_cols, dxf, pl * H * W, geo, stage)
-            if stream:
-                _sfence()
-
-    return backprop_input
-
-
-backprop_input = _build_backprop_input(False)
-backprop_input_streaming = _build_backprop_input(True)
+    ``dy[N, C*M, OH, OW]``, ``w[KH, KW, C*M]``, ``dx[N, C, H, W]``: depth
+    multiplier M, input channel c's gradient the sum of its M output channels'
+    (each computed as at multiplier 1, added in order of m). ``stream``: the
+    strided planes (multiplier 1) written to dx with non-temporal stores, each
+    assembled first in a scratch plane (``dx`` 64-byte aligned, planes of whole
+    64-byte lines: the driver's ``_plane_streaming``); a run-time flag, as the
+    forward's.
+    """
+    N, C, H, W, KH, KW, CM, OH, OW, M = _dims(dx, w, dy)
+    RQ, WQ, L, S = _geometry(KH, KW, OH, OW, sh, sw, rh, rw)
+    wk = w.reshape(KH * KW, CM)
+    # Gather form, phase plane by phase plane: input cell j of phase plane (a, b)
+    # collects gp[j - off] * w for each tap of that phase, whose offset into the
+    # phase plane is off. gp is stored after a lead of zeros (lead >= every off).
+    dyf = dy.reshape(N * CM * OH * OW)
+    dxf = dx.reshape(N * C * H * W)
+    lead = ((KH - 1) * rh // sh + 1) * WQ + _VEC
+    LJ = (RQ * WQ + _VEC - 1) // _VEC * _VEC
+    # only the phase-plane rows that hold input rows are computed
+    j0 = (ph // sh) * WQ
+    LR = min(RQ * WQ, ((ph + H - 1) // sh + 1) * WQ) - j0
+    LR = (max(LR, 0) + _VEC - 1) // _VEC * _VEC
+    NP = N * C
+    T = _task_count(NP, H * W)
+    for job in prange(T):
+        xp = np.empty(sh * sw * S, w.dtype)
+        gp = np.zeros(lead + LJ + _VEC, w.dtype)    # columns past OW stay 0
+        cols = np.empty((sw, 2), np.int64)
+        _phase_cols(cols, sw, pw, W, WQ)
+        # taps grouped by phase: which taps, and their source offsets into gp
+        nph = sh * sw
+        count = np.zeros(nph, np.int64)
+        which = np.empty((nph, KH * KW), np.int64)
+        src = np.empty((nph, KH * KW), np.int64)
+        for kh in range(KH):
+            a, dr = (kh * rh) % sh, (kh * rh) // sh
+            for kw in range(KW):
+                b, dq = (kw * rw) % sw, (kw * rw) // sw
+                f = a * sw + b
+                which[f, count[f]] = kh * KW + kw
+                src[f, count[f]] = lead - (dr * WQ + dq) + j0
+                count[f] += 1
+        wv = np.empty(KH * KW, w.dtype)
+        # input cells no window reaches: an empty sum, +0, where the phase planes
+        # hold sums of the padding's zero products (-0 with a negative tap)
+        lost_rows = _unlinked(H, OH, KH, sh, rh, ph, False)
+        lost_cols = _unlinked(W, OW, KW, sw, rw, pw, False)
+        geo = (H, W, OH, OW, sh, sw, rh, rw, ph, pw, RQ, WQ, S, lead, j0, LR)
+        # depth multiplier M > 1: the M output channels' gradients summed in order
+        # of m (as if the input were repeated in memory), the last sum stored
+        total = np.empty(H * W if M > 1 else 0, w.dtype)
+        more = np.empty(H * W if M > 1 else 0, w.dtype)
+        # stream: each strided plane assembled here, then sent to dx (_bin_plane)
+        stage = np.empty(H * W if stream and M == 1 and sh * sw > 1 else 0, dx.dtype)
+        p0, p1 = job * NP // T, (job + 1) * NP // T
+        if M > 1:
+            _bin_multiplier_planes(dy, dyf, w, wk, p0, p1, C, M, gp, xp, wv, count, which,
+                                   src, cols, lost_rows, lost_cols, dxf, total, more, geo)
+        else:
+            for pl in range(p0, p1):
+                _bin_plane(dy, dyf, w, wk, pl // C, pl % C, gp, xp, wv, count, which, src,
+                           cols, lost_rows, lost_cols, dxf, pl * H * W, geo, stage)
+        if stream:
+            _sfence()
 
 
 # Depth multipliers above 1 call the plane code, one call per task, instead of
@@ -607,10 +594,8 @@ def backprop_filter(x, dy, parts, sh, sw, rh, rw, ph, pw):
     order (each image's run in fixed chunks), so the result does not depend on
     the number of threads.
     """
-    N, C, H, W = x.shape
-    P, KH, KW = parts.shape[0], parts.shape[1], parts.shape[2]
-    CM, OH, OW = dy.shape[1], dy.shape[2], dy.shape[3]
-    M = CM // C
+    N, C, H, W, KH, KW, CM, OH, OW, M = _dims(x, parts[0], dy)
+    P = parts.shape[0]
     RQ, WQ, L, S = _geometry(KH, KW, OH, OW, sh, sw, rh, rw)
     xf = x.reshape(N * C * H * W)
     dyf = dy.reshape(N * CM * OH * OW)
