@@ -43,8 +43,9 @@ def _digest(directory, stamps):
 
 def sources_digest(directory=SOURCES):
     """The digest of *directory*'s sources, recomputed only when a file's stat changes."""
-    stamps = tuple(sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size)
-                          for e in os.scandir(directory) if e.name.endswith(".py")))
+    stamps = tuple(sorted((e.name, st.st_mtime_ns, st.st_size)
+                          for e in os.scandir(directory) if e.name.endswith(".py")
+                          for st in (e.stat(),)))
     return _digest(directory, stamps)
 
 
