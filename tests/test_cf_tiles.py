@@ -129,7 +129,13 @@ def test_which_problems_the_tile_kernels_take(monkeypatch):
     wide, narrow = tiles.WIDE, tiles.NARROW
     assert set(widths((2, 16, 7, 7), [1, 1, 1, 1])) == {wide}           # small map
     assert set(widths((2, 16, 19, 19), [1, 1, 1, 1])) == {wide}
-    assert set(widths((2, 16, 21, 21), [1, 1, 1, 1])) == {0}            # larger: planes
+    # 3x3 windows on maps up to 28 x 28 while the input is small enough
+    assert set(widths((2, 16, 28, 28), [1, 1, 1, 1])) == {wide}
+    assert set(widths((2, 16, 29, 28), [1, 1, 1, 1])) == {0}
+    monkeypatch.setattr(driver, "_TILE_3X3_ELEMS", 2 * 16 * 20 * 20 - 1)   # larger inputs
+    assert set(widths((2, 16, 20, 20), [1, 1, 1, 1])) == {wide}        # up to 400 pixels
+    assert set(widths((2, 16, 21, 21), [1, 1, 1, 1])) == {0}
+    assert set(widths((2, 16, 28, 28), [1, 1, 1, 1])) == {0}
     # strided 3x3 on a mid-sized map: forward and filter gradient, not input gradient
     assert 0 in widths((2, 16, 56, 56), [1, 1, 2, 2]) and narrow in seen
     assert set(widths((1, 16, 112, 112), [1, 1, 2, 2])) == {narrow, 0}  # in bands

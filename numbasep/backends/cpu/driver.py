@@ -155,11 +155,13 @@ def _by_planes(plan):
 
 # Largest map (pixels, input or output) the tile kernels take at stride 1, with
 # tiles of 64 channels: 1-D windows up to _SMALL_PIXELS, 3x3 up to _TILE_PIXELS
-# (19 x 19), 5x5 and 7x7 up to _LARGE_WINDOW_PIXELS (28 x 28); largest tile or
-# band of a tile (elements) a task holds.
+# (19 x 19), or up to _LARGE_WINDOW_PIXELS where the input holds at most
+# _TILE_3X3_ELEMS elements, 5x5 and 7x7 up to _LARGE_WINDOW_PIXELS (28 x 28);
+# largest tile or band of a tile (elements) a task holds.
 _SMALL_PIXELS = 64
 _TILE_PIXELS = 400
 _LARGE_WINDOW_PIXELS = 784
+_TILE_3X3_ELEMS = 3 << 20
 _TILE_SCRATCH = 1 << 18
 
 # Largest tile (elements) a tile task fills at once: a larger map is taken in bands
@@ -184,8 +186,9 @@ def _tile_width(plan, adjoint=False):
     else 0. They take what the plane kernels take, for the window shapes they are
     built for, where measured faster:
 
-    * stride 1 on maps of at most ``_TILE_PIXELS`` pixels for 3x3 windows (19 x 19),
-      ``_LARGE_WINDOW_PIXELS`` for 5x5 and 7x7 (28 x 28), ``_SMALL_PIXELS`` for 1-D
+    * stride 1 on maps of at most ``_TILE_PIXELS`` pixels for 3x3 windows (19 x 19;
+      28 x 28 for smaller inputs, below), ``_LARGE_WINDOW_PIXELS`` for 5x5 and 7x7
+      (28 x 28), ``_SMALL_PIXELS`` for 1-D
       windows, all three ops, 64 channels per tile: there a plane's own costs
       outweigh its few hundred outputs. 1 thread, float32, NCHW/NHWC time
       ratio on the plane -> tile kernels: 14x14x384 3x3 N=8 forward 1.15 -> 0.95,
@@ -199,11 +202,15 @@ def _tile_width(plan, adjoint=False):
       forward N=8 1.47 / 1.10, input gradient 1.75 / 1.39, N=32 1.46 / 1.04, filter
       gradient N=8 2.90 / 1.40, N=32 2.41 / 1.16; 28x28x240 5x5 N=32 forward 0.97 /
       0.84, input gradient 1.05 / 0.96, filter gradient 1.75 / 1.35; 28x28x120 5x5
-      forward N=8 1.90 / 1.21. 3x3 windows on 28x28 maps stay on
-      the planes: the tiles won at N=8 (28x28x192 forward 1.22 / 1.06, input gradient
-      1.53 / 1.17) and lost at N=32 (0.74 / 0.88, 0.78 / 0.82, 1 thread). On 56x56 maps
-      the planes keep every window (56x56x144 3x3 forward N=8 0.83 / 1.13; 56x56x96
-      7x7 input gradient 1.14 / 1.55).
+      forward N=8 1.90 / 1.21. 3x3 windows on maps up to 28x28 take the tiles while
+      the input holds at most ``_TILE_3X3_ELEMS`` elements (28x28x192 at N=16): there
+      they won and at N=32 lost (forward, input gradient, filter gradient; 2 threads
+      N=1 1.57 / 1.33, 1.65 / 1.31, 1.49 / 1.34; N=8 1.83 / 1.21, 1.82 / 1.18, 1.88
+      / 1.28; N=16 1.70 / 1.36, 1.80 / 1.51, 1.54 / 1.27; N=32 0.81 / 0.91, 0.88 /
+      0.96, 0.87 / 0.95; 1 thread N=8 1.35 / 1.10, 1.79 / 1.24, 1.76 / 1.24, N=16
+      0.83 / 0.93, 1.28 / 1.02, 1.52 / 1.37, N=32 0.76 / 0.92, 0.74 / 0.81, 0.98 /
+      1.14). On 56x56 maps the planes keep every window (56x56x144 3x3 forward N=8
+      0.83 / 1.13; 56x56x96 7x7 input gradient 1.14 / 1.55).
     * strided forwards and filter gradients (the input gradient's tile form is
       stride 1 only), 16 channels per tile, in bands of ``_TILE_BAND`` elements:
       56x56x144 3x3 s2 forward N=1 0.29 -> 0.21 ms, N=8 4.0 -> 2.5; filter gradient
@@ -224,8 +231,12 @@ def _tile_width(plan, adjoint=False):
     _, rh, _ = plan.dilations
     pixels, wp, tile = _tile_geometry(plan)
     if sh == sw == 1:
-        limit = (_SMALL_PIXELS if kh == 1 else
-                 _TILE_PIXELS if (kh, kw) == (3, 3) else _LARGE_WINDOW_PIXELS)
+        if kh == 1:
+            limit = _SMALL_PIXELS
+        elif (kh, kw) == (3, 3) and plan.batch * plan.channels * pixels > _TILE_3X3_ELEMS:
+            limit = _TILE_PIXELS
+        else:
+            limit = _LARGE_WINDOW_PIXELS
         small = pixels <= limit
         return tiles.WIDE if small and tile * tiles.WIDE <= _TILE_SCRATCH else 0
     smallest_band = ((kh - 1) * rh + 1 + sh) * wp * tiles.NARROW
