@@ -269,6 +269,47 @@ def test_planes_read_and_write_bit_patterns_as_the_widened_path_rounds(plane_ker
                                       lambda: _ops_with_out(*operands, kw))
 
 
+def _mixes(kernel):
+    """The signatures of a plane kernel that mix 16-bit bit patterns and float32
+    among its data operands and result (the filter gradient: its two data
+    operands)."""
+    ops = 2 if kernel is planes.backprop_filter else 3
+    mixed = []
+    for sig in kernel.signatures:
+        kinds = {a.dtype.bitwidth == 16 for a in (sig[0], sig[2] if ops == 3 else sig[1])}
+        if len(kinds) > 1:
+            mixed.append(sig)
+    return mixed
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("m", [1, 2])
+def test_plane_kernels_widen_16_bit_data_beside_float32(plane_kernels, dtype, m):
+    """A 16-bit channels-first separable convolution hands the depthwise steps
+    float32 intermediates (the depthwise output, wide; its gradient): the plane
+    kernels then take widened copies rather than being compiled again for each
+    mix of 16-bit and float32 operands (about a minute each on CI), with the
+    results of the float64 reference."""
+    kw = dict(strides=1, padding="same", data_format="channels_first")
+    rng = np.random.default_rng(m)
+    x = rng.uniform(-2, 2, (2, 3, 9, 11)).astype(dtype)
+    dk = rng.uniform(-2, 2, (3, 3, 3, m)).astype(dtype)
+    pk = rng.uniform(-2, 2, (1, 1, 3 * m, 4)).astype(dtype)
+    dout = rng.uniform(-2, 2, (2, 4, 9, 11)).astype(dtype)
+    plane_kernels.taken.clear()
+    got = (nb.separable_conv(x, dk, pk, **kw),) + nb.separable_conv_grad(x, dk, pk, dout, **kw)
+    assert plane_kernels.taken and all(plane_kernels.taken)
+    for kernel in (planes.forward, planes.backprop_input, planes.backprop_filter):
+        assert not _mixes(kernel), kernel.py_func.__name__
+    f64 = [a.astype(np.float64) for a in (x, dk, pk, dout)]
+    want = (ref.keras_separable(*f64[:3], **kw),) + ref.keras_separable_grad(*f64, **kw)
+    for name, a, b in zip(("output", "dx", "ddk", "dpk"), got, want):
+        assert a.dtype == dtype, name
+        scale = np.abs(b).max()
+        np.testing.assert_allclose(a.astype(np.float64), b, rtol=0.05, atol=0.02 * scale,
+                                   err_msg=name)
+
+
 def _channels_first_operands(data, dtype, x_shape, k_shape, kw):
     """(x, k, dy) of ``dtype`` for a channels-first problem, scaled to reach
     overflow or the subnormal range, a NaN drawn into x or k or neither; None

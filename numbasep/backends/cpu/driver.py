@@ -412,14 +412,18 @@ class _Launch:
     kernel writing with non-temporal stores, run instead of ``kern`` when the
     result array is 64-byte aligned (:func:`_streaming`), or None; it takes
     ``stream_params`` (by default ``params``): the plane kernels stream by a flag
-    among their arguments."""
+    among their arguments. ``mixes16`` (with ``raw16``): the kernel also reads
+    16-bit bit patterns beside float32 operands or results (a separable
+    convolution's float32 intermediates); where False, such calls widen the 16-bit
+    data first (:func:`_run_correlation`)."""
 
-    __slots__ = ("kern", "shapes", "params", "raw16", "writes16", "stream", "stream_params")
+    __slots__ = ("kern", "shapes", "params", "raw16", "writes16", "stream", "stream_params",
+                 "mixes16")
 
     def __init__(self, kern, shapes, params, raw16=False, writes16=False, stream=None,
-                 stream_params=None):
+                 stream_params=None, mixes16=True):
         self.kern, self.shapes, self.params, self.raw16 = kern, shapes, params, raw16
-        self.writes16, self.stream = writes16, stream
+        self.writes16, self.stream, self.mixes16 = writes16, stream, mixes16
         self.stream_params = params if stream_params is None else stream_params
 
 
@@ -479,7 +483,8 @@ def _plane_launch(kern, shapes, plan, stream=False):
     when the result is 64-byte aligned."""
     params = _plane_params(plan)
     return _Launch(kern, shapes, params + (False,), raw16=True, writes16=True,
-                   stream=kern if stream else None, stream_params=params + (True,))
+                   stream=kern if stream else None, stream_params=params + (True,),
+                   mixes16=False)
 
 
 def _kernel_for(launch, buf):
@@ -622,7 +627,7 @@ def _multiplier_plane_route(plan, op):
         chunks = kernels.partial_chunks(plan.batch, kh * kw * cm)
         return _Launch(planes.backprop_filter,
                        (xs, ys, (chunks, kh, kw, cm), (chunks,) + plan.filter_shape5),
-                       _plane_params(plan), raw16=True)
+                       _plane_params(plan), raw16=True, mixes16=False)
     if op == "input_gradient":
         return _plane_launch(planes.backprop_input, (ys, (kh, kw, cm), xs), plan)
     return _plane_launch(planes.forward, (xs, (kh, kw, cm), ys), plan)
@@ -843,7 +848,7 @@ def _filter_gradient_route(plan):
         return _Launch(kern, (_plane_shape(plan, plan.in_sizes),
                               _plane_shape(plan, plan.out_sizes),
                               (chunks, kh, kw, c), (chunks, 1, kh, kw, c, 1)), params,
-                       raw16=not (width and plan.channels_last))
+                       raw16=not (width and plan.channels_last), mixes16=bool(width))
     ks = kernels.for_plan(plan)
     fsize = plan.kernel[0] * plan.kernel[1] * plan.kernel[2] * plan.channels * plan.multiplier
     if not plan.channels_last:
@@ -896,7 +901,8 @@ def _result16(plan, shape, out):
 
 def _correlate(launch, plan, data, w, shape, out, wide):
     """Run a forward or input-gradient :class:`_Launch`: a result of ``shape``."""
-    direct = launch.writes16 and not wide and _result16(plan, shape, out)
+    direct = (launch.writes16 and not wide and (launch.mixes16 or data.dtype.itemsize == 2)
+              and _result16(plan, shape, out))
     if direct:
         final, bits = direct
         if not _nothing_to_do(bits, data, w):
@@ -908,10 +914,11 @@ def _correlate(launch, plan, data, w, shape, out, wide):
     return _finish(plan, buf, final)
 
 
-def _data(launch, a, shape, slot, operand):
+def _data(launch, a, shape, slot, operand, bits=True):
     """A data operand (not the filter) for ``launch``'s kernel: its 16-bit bit
-    patterns when the kernel reads those, else ``operand(a, shape, slot)``."""
-    if launch.raw16 and operand is _compute and a.dtype.itemsize == 2:
+    patterns when the kernel reads those (and ``bits``), else ``operand(a, shape,
+    slot)``."""
+    if bits and launch.raw16 and operand is _compute and a.dtype.itemsize == 2:
         raw = halves.bits(aligned.contiguous(a))
         if raw is not None:
             return _read_only(raw, shape)
@@ -920,18 +927,33 @@ def _data(launch, a, shape, slot, operand):
 
 def _run_correlation(launch, data, w, buf, operand=_compute):
     """Launch a correlation into ``buf``; ``operand`` views (and where needed
-    converts) the two inputs for the kernel."""
+    converts) the two inputs for the kernel.
+
+    The plane kernels (``mixes16`` False) read 16-bit data as bit patterns only
+    when they write 16-bit results too (and the filter gradient only when both
+    its data operands are 16-bit, :func:`_run_filter_gradient`): with float32
+    sums to write (``wide``, a separable convolution's intermediates) their
+    16-bit data is widened first, and float32 data gives float32 sums, rounded
+    afterwards. Each mix of 16-bit and float32 operands would be another
+    compilation of a plane kernel, about 50 s for the input gradient's (the
+    mixes took 290 s of CI's compile time); the widening costs a pass over the
+    data, on 16-bit channels-first separable convolutions only (2 threads,
+    56x56x144 3x3 with 24 filters, medians of 9, before / after, ms: bfloat16
+    N=8 gradient 23.7 / 28.3, forward 7.0 / 9.2, N=1 forward 2.6 / 3.2; float16
+    N=8 gradient 27.8 / 27.6; 19x19 and 14x14 maps, on the tiles, as before)."""
     ds, ws, rs = launch.shapes
     kern, params = _kernel_for(launch, buf)
-    _launch(kern, _data(launch, data, ds, scratch.OPERAND_0, operand),
+    bits = launch.mixes16 or buf.dtype.itemsize == 2 or not launch.writes16
+    _launch(kern, _data(launch, data, ds, scratch.OPERAND_0, operand, bits),
             operand(w, ws, scratch.OPERAND_1), buf.reshape(rs), *params)
 
 
 def _run_filter_gradient(launch, plan, x, dy, buf, operand=_compute):
     """Launch a filter gradient into ``buf`` (as :func:`_run_correlation`)."""
     xs, ds, ps, sums = launch.shapes
-    x = _data(launch, x, xs, scratch.OPERAND_0, operand)
-    dy = _data(launch, dy, ds, scratch.OPERAND_1, operand)
+    bits = launch.mixes16 or x.dtype == dy.dtype
+    x = _data(launch, x, xs, scratch.OPERAND_0, operand, bits)
+    dy = _data(launch, dy, ds, scratch.OPERAND_1, operand, bits)
     if ps[0] == 1:
         # one chunk: its partial sums are the gradient (summing them, a copy)
         _launch(launch.kern, x, dy, buf.reshape(ps), *launch.params)

@@ -35,7 +35,9 @@ widened copies and the rounding pass this saves had cost as much as the
 convolution: 1 thread, NCHW, bits / widened copies (ms): N=8 56x56x144 float16
 forward 2.52 / 5.16, input gradient 2.88 / 6.36, filter gradient 3.03 / 7.61;
 N=32 28x28x240 5x5 forward 8.7 / 15.7 (``benchmarks/layout_ratio.py --batch
-8,32 --threads 1 --rounds 3 --case f16``).
+8,32 --threads 1 --rounds 3 --case f16``). They are not compiled for a mix of
+16-bit and float32 operands: a separable convolution's float32 intermediates
+come with widened copies of its 16-bit data (the driver's ``_run_correlation``).
 
 These kernels serve 1-D and 2-D problems whose plane fits the scratch limit of
 the driver; the row kernels of :mod:`.kernels` serve the rest. A depth
