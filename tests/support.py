@@ -101,3 +101,17 @@ def draw_padding(draw, h, w, kh, kw, sh, sw, rh, rw):
     if out_h <= 0 or out_w <= 0:
         attrs.update(padding="SAME", explicit_paddings=[])
     return attrs
+
+
+def pointwise_problem(rng, n, h, w, c, f, dtype, channels_first=False):
+    """(plan, z, dout, pk): a 2-D separable plan with a 3x3 depthwise kernel and
+    ``c`` -> ``f`` pointwise, with uniform operands for its pointwise primitives
+    (the depthwise output ``z``, the output gradient ``dout``, the pointwise
+    kernel ``pk``) in ``dtype``, channels-first or channels-last."""
+    from numbasep import shapes
+    fmt = "channels_first" if channels_first else "channels_last"
+    image = (lambda k: (n, k, h, w)) if channels_first else (lambda k: (n, h, w, k))
+    plan = shapes.keras(image(c), (3, 3, c, 1), 1, "same", fmt, 1,
+                        pointwise_shape=(1, 1, c, f)).with_dtype(np.dtype(dtype))
+    z, dout = (rng.uniform(-1, 1, image(k)).astype(dtype) for k in (c, f))
+    return plan, z, dout, rng.uniform(-1, 1, (1, 1, c, f)).astype(dtype)

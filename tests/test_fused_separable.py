@@ -23,6 +23,7 @@ import numbasep
 from numbasep.backends.cpu import driver
 
 import reference as R
+import support
 
 DTYPES = (np.float32, np.float16, ml_dtypes.bfloat16)
 # unit roundoff of the result's rounding (float32: the sums' own)
@@ -223,20 +224,15 @@ def test_pointwise_gradient_primitives_take_the_small_products(monkeypatch, dtyp
     """The CPU backend's pointwise gradient primitives, called on their own (the
     separable gradient runs both at once): ``products`` for the input's,
     ``transposed_products`` for the kernel's, against the float64 products."""
-    from numbasep import shapes
     from numbasep.backends.cpu import pointwise
     ran = []
     for name in ("products", "transposed_products"):
         kern = getattr(pointwise, name)
         monkeypatch.setattr(pointwise, name,
                             lambda *a, _k=kern, _n=name: ran.append(_n) or _k(*a))
-    rng = np.random.default_rng(11)
     n, h, w, c, f = 3, 13, 11, 24, 37
-    plan = shapes.keras((n, h, w, c), (3, 3, c, 1), 1, "same", "channels_last", 1,
-                        pointwise_shape=(1, 1, c, f)).with_dtype(np.dtype(dtype))
-    z = rng.uniform(-1, 1, (n, h, w, c)).astype(dtype)
-    dout = rng.uniform(-1, 1, (n, h, w, f)).astype(dtype)
-    pk = rng.uniform(-1, 1, (1, 1, c, f)).astype(dtype)
+    plan, z, dout, pk = support.pointwise_problem(np.random.default_rng(11), n, h, w, c, f,
+                                                  dtype)
     be = driver.CPUBackend()
     dz = be.pointwise_backprop_input(plan, dout, pk)
     dpk = be.pointwise_backprop_filter(plan, z, dout)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import numbasep as nb
 import support
-from numbasep.backends.cpu import driver, halves, kernels, lanes, planes, tiles
+from numbasep.backends.cpu import driver, halves, kernels, lanes, planes, pointwise, tiles
 
 import reference as ref
 
@@ -233,7 +233,10 @@ def plane_kernels(monkeypatch):
     real = driver._launch
 
     def spy(kern, *args):
-        if kern is not kernels.sum_partials:          # the filter gradient's last step
+        # not the filter gradient's last step, nor a separable convolution's
+        # pointwise steps
+        if kern not in (kernels.sum_partials, pointwise.planar_products,
+                        pointwise.planar_kernel_gradient):
             taken.append(kern in (planes.forward, planes.backprop_input,
                                   planes.backprop_filter))
         return real(kern, *args)

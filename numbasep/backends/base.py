@@ -137,10 +137,12 @@ class Backend:
     def separable_grad(self, plan, x, dk, pk, dout, dx_out=None, ddk_out=None, dpk_out=None):
         z = self.depthwise_forward(plan, x, dk, self.intermediate(plan, 0, plan.output_shape),
                                    wide=True)
-        dpk = self.pointwise_backprop_filter(plan, z, dout, dpk_out)
         dz = self.pointwise_backprop_input(plan, dout, pk,
                                            self.intermediate(plan, 1, plan.output_shape),
                                            wide=True)
         dx = self.depthwise_backprop_input(plan, dz, dk, dx_out)
         ddk = self.depthwise_backprop_filter(plan, x, dz, ddk_out)
+        # last: a backend's GEMM here may leave threads busy that the kernels above
+        # would have had to share the cores with (the CPU backend's NumPy BLAS)
+        dpk = self.pointwise_backprop_filter(plan, z, dout, dpk_out)
         return dx, ddk, dpk

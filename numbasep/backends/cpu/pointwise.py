@@ -1,5 +1,6 @@
-"""The pointwise (1x1) steps of the channels-last separable convolutions as small
-products of matrices, on :func:`.simd.pointwise_rows`.
+"""The pointwise (1x1) steps of the separable convolutions as small products of
+matrices, on :func:`.simd.pointwise_rows`: channels-last, vectorised along each
+pixel's channels; channels-first (``planar_*``), along each image's pixels.
 
 Where one operand is small (the pointwise kernel), these take the place of
 NumPy's BLAS, whose threads kept spinning for a while after each product and
@@ -8,6 +9,7 @@ filters, separable gradient, 2 threads: each depthwise kernel after a GEMM took
 3.4-3.8 ms instead of 0.65-0.7).
 """
 
+import numpy as np
 from numba import njit, prange
 
 from .simd import pointwise_rows as _pointwise_rows, prefetch as _prefetch
@@ -54,6 +56,62 @@ def products(a, b, dst, vecs):
     parts = min(a.shape[0], PARTS)
     for part in prange(parts):
         _part_products(part, parts, a, b, dst, vecs)
+
+
+# Pixels of one image a task of :func:`planar_products` takes: enough tasks for
+# the threads on one 56x56 image, each a few column blocks of its rows.
+PLANAR_PIXELS = 256
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def planar_products(m, mstep, mloop, a, dst, vecs):
+    """The channels-first twin of :func:`products`: ``dst[n, k, p] = sum over i
+    of M[k, i] * a[n, i, p]`` for ``a[N, K, P]`` and ``dst[N, R, P]``, the small
+    matrix ``M[k, i] = m[k*mstep + i*mloop]`` read where it lies (the pointwise
+    kernel or its transpose, no copy), K >= 1: the products in order of i
+    (:func:`.simd.pointwise_rows`, ``vecs`` vectors of pixels at a time), in
+    tasks of :data:`PLANAR_PIXELS` pixels of one image."""
+    N, K, P = a.shape
+    R = dst.shape[1]
+    chunks = (P + PLANAR_PIXELS - 1) // PLANAR_PIXELS
+    af = a.reshape(a.size)
+    df = dst.reshape(dst.size)
+    for task in prange(N * chunks):
+        n, c = task // chunks, task % chunks
+        p0 = c * PLANAR_PIXELS
+        _pointwise_rows(df, n * R * P + p0, P, m, 0, mstep, mloop, af, n * K * P + p0, P,
+                        min(PLANAR_PIXELS, P - p0), K, R, vecs, 0)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def planar_kernel_gradient(a, b, partials, vecs):
+    """The channels-first kernel gradient: ``partials[q, i, j] = sum over the
+    pixels p of part q of a[n, i, p] * b[n, j, p]`` for ``a[N, C, P]``,
+    ``b[N, F, P]`` and ``partials[parts, C, F]``; the caller sums the parts in
+    order. A part takes consecutive pieces of :data:`PLANAR_PIXELS` pixels of one
+    image (in order of image, then pixel), each piece's ``b`` transposed into a
+    buffer of its own so that :func:`.simd.pointwise_rows` (``vecs`` vectors of F
+    at a time) sums its products in order of p, then added to the part's sums."""
+    N, C, P = a.shape
+    F = b.shape[1]
+    parts = partials.shape[0]
+    chunks = (P + PLANAR_PIXELS - 1) // PLANAR_PIXELS
+    units = N * chunks
+    af = a.reshape(a.size)
+    for q in prange(parts):
+        t = np.empty(PLANAR_PIXELS * F, a.dtype)
+        piece = np.empty(C * F, a.dtype)
+        sums = partials[q].reshape(C * F)
+        sums[:] = 0
+        for u in range(q * units // parts, (q + 1) * units // parts):
+            n, c = u // chunks, u % chunks
+            p0 = c * PLANAR_PIXELS
+            k = min(PLANAR_PIXELS, P - p0)
+            for j in range(F):
+                for p in range(k):
+                    t[p * F + j] = b[n, j, p0 + p]
+            _pointwise_rows(piece, 0, F, af, n * C * P + p0, P, 1, t, 0, F, F, k, C, vecs, 0)
+            sums += piece
 
 
 @njit(parallel=True, nogil=True, cache=True)
