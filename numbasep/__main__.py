@@ -285,7 +285,10 @@ class _Device:
             self.cuda = _import_cuda()
 
     def put(self, a):
-        return a if self.cuda is None else self.cuda.to_device(a)
+        if self.cuda is None:
+            return a
+        from .backends.cuda import transfer   # bfloat16 too, which numba-cuda cannot copy
+        return transfer.to_device(a)
 
     def is_native(self, r):
         if self.cuda is None:

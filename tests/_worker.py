@@ -228,13 +228,13 @@ def build(value, backend="cpu", device=True):
         if kind in ("device", "device_strided"):
             if not device:
                 return a
-            from numba import cuda
+            from numbasep.backends.cuda.transfer import to_device   # bfloat16 too
             if kind == "device_strided" and a.ndim and a.size:
                 big = np.concatenate([a[..., None], a[..., None]], axis=-1)
                 big = big.reshape(a.shape[:-1] + (2 * a.shape[-1],))
-                d = cuda.to_device(np.ascontiguousarray(big))
+                d = to_device(np.ascontiguousarray(big))
                 return d[..., ::2]
-            return cuda.to_device(np.ascontiguousarray(a))
+            return to_device(np.ascontiguousarray(a))
         if kind == "list":
             return a.tolist()
         if kind == "scalar":

@@ -26,6 +26,37 @@ def cuda_missing():
     return None
 
 
+def refuse_bfloat16_buffers(monkeypatch):
+    """Make copies between host and device refuse bfloat16 host buffers, as on a GPU.
+
+    On a device, numba-cuda hands the host array of ``cuda.to_device(a)`` and of
+    ``d.copy_to_host(ary)`` to the buffer protocol, which has no type code for
+    bfloat16 ("cannot include dtype 'E' in a buffer"); ``d.copy_to_host()`` copies
+    into a byte buffer and works. The simulator copies with NumPy and accepts
+    everything: with this stand-in a copy that would fail on a GPU fails here too.
+    """
+    from numba import cuda
+
+    def refuse(a):
+        if a is not None and np.asarray(a).dtype.name == "bfloat16":
+            raise ValueError("cannot include dtype 'E' in a buffer")
+
+    real_to_device = cuda.to_device
+
+    def to_device(a, *args, **kwargs):
+        refuse(a)
+        return real_to_device(a, *args, **kwargs)
+
+    device_type = type(real_to_device(np.zeros(1, np.float32)))
+    real_copy_to_host = device_type.copy_to_host
+
+    def copy_to_host(self, ary=None, *args, **kwargs):
+        refuse(ary)
+        return real_copy_to_host(self, ary, *args, **kwargs)
+
+    monkeypatch.setattr(cuda, "to_device", to_device)
+    monkeypatch.setattr(device_type, "copy_to_host", copy_to_host)
+
 
 def channels_first_vs_last(x, w, dy, attrs, last):
     """The three raw ops on channels-first ``x``/``dy`` under ``attrs``, each paired

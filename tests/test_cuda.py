@@ -21,6 +21,9 @@ cuda = pytest.importorskip("numba.cuda")
 
 import numbasep  # noqa: E402
 from numbasep import backends  # noqa: E402
+from numbasep.backends.cuda import transfer  # noqa: E402
+
+import support  # noqa: E402
 
 SIM = bool(cuda.config.ENABLE_CUDASIM)
 BIG = not SIM   # larger shapes on a real device
@@ -53,7 +56,8 @@ def rand(rng, shape, dtype):
 
 
 def dev(a):
-    return cuda.to_device(np.ascontiguousarray(a))
+    # numba-cuda cannot copy bfloat16 arrays on a real GPU; transfer copies the bits.
+    return transfer.to_device(np.ascontiguousarray(a))
 
 
 def host(d):
@@ -244,6 +248,33 @@ def test_bfloat16_nan_inf_propagate():
     assert (y.astype(np.float32)[np.isfinite(y.astype(np.float32))] == 1).all()
 
 
+def test_transfers_copy_bfloat16_as_bits(monkeypatch):
+    """numba-cuda refuses bfloat16 host arrays on a GPU; they go to the device as bits.
+
+    ``support.refuse_bfloat16_buffers`` makes the simulator refuse them too, so a
+    copy that hands numba-cuda a bfloat16 array fails here as it would on a device.
+    """
+    support.refuse_bfloat16_buffers(monkeypatch)
+    rng = np.random.default_rng(11)
+    for dtype in (BF16, np.dtype(np.float32)):
+        a = rand(rng, (2, 3, 5), dtype)
+        a[0, 0, :2] = [np.nan, -np.inf]
+        d = transfer.to_device(a)
+        assert is_device_array(d) and d.dtype == dtype and d.shape == a.shape
+        back = d.copy_to_host()
+        assert back.dtype == dtype
+        assert back.tobytes() == a.tobytes()          # the same bits, NaN payloads too
+        strided = d[:, ::2].copy_to_host()
+        assert strided.tobytes() == np.ascontiguousarray(a[:, ::2]).tobytes()
+    with pytest.raises(ValueError, match="'E'"):      # the stand-in does refuse
+        cuda.to_device(rand(rng, (2,), BF16))
+    with pytest.raises(ValueError, match="'E'"):
+        transfer.to_device(rand(rng, (2,), BF16)).copy_to_host(np.empty(2, BF16))
+    y = numbasep.depthwise_conv(transfer.to_device(rand(rng, (1, 4, 3), BF16)),
+                                transfer.to_device(rand(rng, (3, 3, 1), BF16)), padding="same")
+    assert y.copy_to_host().dtype == BF16
+
+
 # --------------------------------------------------------------------------- out=
 
 def test_out_is_filled_and_returned():
@@ -305,8 +336,7 @@ def test_strided_arguments_and_out(dtype, channels_last):
     xbig = np.zeros(x.shape[:-1] + (2 * x.shape[-1],), dtype)
     xbig[..., ::2] = x
     xd = dev(xbig)[:, :, :, ::2]   # (numba device arrays take no Ellipsis)
-    obig = cuda.to_device(np.zeros(want.shape[:1] + (2 * want.shape[1],) + want.shape[2:],
-                                   dtype))
+    obig = dev(np.zeros(want.shape[:1] + (2 * want.shape[1],) + want.shape[2:], dtype))
     o = obig[:, ::2]
     assert not o.is_c_contiguous() and not xd.is_c_contiguous()
     r = numbasep.separable_conv(xd, dev(k), dev(pk), **kw, out=o)
@@ -314,7 +344,7 @@ def test_strided_arguments_and_out(dtype, channels_last):
     check(o, want)
     assert not host(obig)[:, 1::2].astype(np.float32).any()   # gaps untouched
     y = numbasep.depthwise_conv(x, k, **kw)
-    ybig = cuda.to_device(np.zeros(y.shape[:1] + (2 * y.shape[1],) + y.shape[2:], dtype))
+    ybig = dev(np.zeros(y.shape[:1] + (2 * y.shape[1],) + y.shape[2:], dtype))
     assert numbasep.depthwise_conv(xd, dev(k), **kw, out=ybig[:, ::2]) is not None
     check(ybig[:, ::2], y)
 
@@ -441,7 +471,7 @@ def test_foreign_arrays_are_accepted_without_copy():
     assert numbasep.depthwise_conv(ForeignArray(dev(x)), dev(k), **kw, out=fo) is fo
     check(od, y)    # written through the interface's pointer, no copy
     # A strided foreign view.
-    big = cuda.to_device(np.zeros(y.shape[:1] + (2 * y.shape[1],) + y.shape[2:], y.dtype))
+    big = dev(np.zeros(y.shape[:1] + (2 * y.shape[1],) + y.shape[2:], y.dtype))
     fo = ForeignArray(big[:, ::2])
     assert numbasep.depthwise_conv(dev(x), dev(k), **kw, out=fo) is fo
     check(big[:, ::2], y)
