@@ -6,12 +6,16 @@ each case of :mod:`numbasep.suite` it
 1. runs the operator on device arrays and compares the result with the CPU
    backend on the same data (the tolerances of SPEC section 6);
 2. times it with CUDA events (warm: compiled, inputs resident, results
-   written into preallocated ``out=`` buffers; median of ``--reps`` calls);
+   written into preallocated ``out=`` buffers; median of ``--reps`` calls),
+   twice: the whole call from an idle stream ("call ms": the host's launch
+   work included, what a caller waits for), and the device's work alone ("gpu
+   ms": the call queued behind a kernel that sleeps while the host launches);
 3. times PyTorch's ``conv2d(groups=C)`` and its backward on the same shape,
-   when PyTorch with CUDA is installed;
+   the same two ways, when PyTorch with CUDA is installed;
 
 and prints milliseconds, achieved GB/s (bytes of :func:`numbasep.suite.bytes_moved`,
-the each-tensor-once lower bound) and the percentage of the HBM bandwidth.
+the each-tensor-once lower bound, over the device time) and the percentage of
+the HBM bandwidth; "x torch" is PyTorch's device time over numbasep's.
 
 Usage::
 
@@ -197,42 +201,66 @@ def call(case, a, out):
 
 # ------------------------------------------------------------------------ timing
 
-def _time_numba(fn, reps, cuda):
-    """Median and spread (ms) of ``reps`` calls, each bracketed by CUDA events.
+# The GPU-time measurement queues a kernel that sleeps this long before the timed
+# call, so the call's launches are all queued while the device is still busy and
+# the events around them measure the device's work alone, not the host's.
+_SPIN_NS = 5_000_000
 
-    The simulator's events measure nothing, so there the host clock is used.
-    """
+
+def _spin_kernel(cuda):
+    @cuda.jit
+    def spin(ns):
+        t = 0
+        while t < ns:
+            cuda.nanosleep(1000)   # sleeps about a microsecond (the hardware's choice)
+            t += 1000
+    return spin
+
+
+def _median(times):
+    times = sorted(times)
+    return times[len(times) // 2], times[0], times[-1]
+
+
+def _host_timer(fn, reps):
     times = []
-    if cuda.config.ENABLE_CUDASIM:
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(1e3 * (time.perf_counter() - t0))
+    return _median(times)
+
+
+def _event_timers(new_event, cuda):
+    """(call time, device time): functions (fn, reps) -> (median, min, max) in ms.
+
+    Each call is bracketed by two events (numba's or PyTorch's, which have the
+    same methods) on the default stream, which both libraries share. For the
+    call time the stream is idle when the first event is recorded, so the time
+    includes the host's work (what a caller waits for). For the device time a
+    kernel that sleeps ``_SPIN_NS`` holds the stream while the host queues the
+    call, so the events see the device's work alone; that timer returns None
+    when the host took longer than the sleep.
+    """
+    spin = _spin_kernel(cuda)
+
+    def timer(fn, reps, busy):
+        times = []
         for _ in range(reps):
+            if busy:
+                spin[1, 1](_SPIN_NS)
+            start, stop = new_event(), new_event()
+            start.record()
             t0 = time.perf_counter()
             fn()
-            times.append(1e3 * (time.perf_counter() - t0))
-        times.sort()
-        return times[len(times) // 2], times[0], times[-1]
-    for _ in range(reps):
-        start, stop = cuda.event(), cuda.event()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    times.sort()
-    return times[len(times) // 2], times[0], times[-1]
-
-
-def _time_torch(fn, reps, torch):
-    times = []
-    for _ in range(reps):
-        start = torch.cuda.Event(enable_timing=True)
-        stop = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    times.sort()
-    return times[len(times) // 2], times[0], times[-1]
+            host_s = time.perf_counter() - t0
+            stop.record()
+            stop.synchronize()
+            if busy and host_s > 0.8e-9 * _SPIN_NS:
+                return None
+            times.append(start.elapsed_time(stop))
+        return _median(times)
+    return (lambda fn, reps: timer(fn, reps, False)), (lambda fn, reps: timer(fn, reps, True))
 
 
 def torch_peer(case, torch):
@@ -310,6 +338,7 @@ def main(argv=None):
     from numba import cuda
 
     from numbasep import suite
+    from numbasep.backends.cuda import transfer
 
     sim = bool(cuda.config.ENABLE_CUDASIM)
     if sim:
@@ -328,15 +357,21 @@ def main(argv=None):
     print(f"device: {device}; {len(cases)} cases; torch: "
           f"{torch.__version__ if torch else 'not used'}; warm, median of {args.reps}, "
           f"results into preallocated out= buffers")
-    header = (f"{'case':48s} {'check':>9s} {'ms':>9s} {'GB/s':>8s} {'%HBM':>6s}"
-              + (f" {'torch ms':>9s} {'GB/s':>8s} {'x torch':>8s}" if torch else ""))
+    header = (f"{'case':48s} {'check':>9s} {'call ms':>8s} {'gpu ms':>8s} {'GB/s':>7s}"
+              f" {'%HBM':>5s}"
+              + (f" {'torch ms':>8s} {'gpu ms':>8s} {'x torch':>7s}" if torch else ""))
     print(header)
+    call_timer, gpu_timer = ((_host_timer, lambda fn, reps: None) if sim
+                             else _event_timers(cuda.event, cuda))
+    if torch:
+        torch_call, torch_gpu = _event_timers(
+            lambda: torch.cuda.Event(enable_timing=True), cuda)
     rows = []
     failures = 0
     rng = np.random.default_rng(0)
     for c in cases:
         a = make_arrays(suite, c, rng)
-        ad = {k: cuda.to_device(v) for k, v in a.items()}
+        ad = {k: transfer.to_device(v) for k, v in a.items()}   # bfloat16 too
         outs = [cuda.device_array(shp, suite._np_dtype(c.dtype)) for shp in result_shapes(c)]
         t0 = time.perf_counter()
         res = call(c, ad, outs)
@@ -359,28 +394,37 @@ def main(argv=None):
             failures += not ok
             check = f"{err:.1e}" + ("" if ok else "!")
             row.update(max_rel_err=err, ok=ok)
-        med, lo, hi = _time_numba(lambda: call(c, ad, outs), args.reps, cuda)
+        def fn(c=c, ad=ad, outs=outs):
+            return call(c, ad, outs)
+        med, lo, hi = call_timer(fn, args.reps)
+        gpu = gpu_timer(fn, args.reps)
+        dev_ms = gpu[0] if gpu else med     # the device's time when it could be isolated
         nbytes = suite.bytes_moved(c)
-        gbs = nbytes / (med * 1e-3) / 1e9 if med > 0 else float("nan")
-        row.update(ms=med, ms_min=lo, ms_max=hi, bytes=nbytes, flops=suite.flops(c),
-                   gb_per_s=gbs, pct_hbm=100 * gbs * 1e9 / HBM_BYTES_PER_S)
-        line = f"{c.name:48s} {check:>9s} {med:9.3f} {gbs:8.1f} {row['pct_hbm']:6.1f}"
+        gbs = nbytes / (dev_ms * 1e-3) / 1e9 if dev_ms > 0 else float("nan")
+        row.update(ms=med, ms_min=lo, ms_max=hi, gpu_ms=gpu and gpu[0],
+                   gpu_ms_min=gpu and gpu[1], gpu_ms_max=gpu and gpu[2], bytes=nbytes,
+                   flops=suite.flops(c), gb_per_s=gbs, pct_hbm=100 * gbs * 1e9 / HBM_BYTES_PER_S)
+        gtxt = f"{gpu[0]:8.3f}" if gpu else f"{'-':>8s}"
+        line = (f"{c.name:48s} {check:>9s} {med:8.3f} {gtxt} {gbs:7.1f}"
+                f" {row['pct_hbm']:5.1f}")
         if torch:
-            fn = None
+            tfn = None
             try:
-                fn = torch_peer(c, torch)
+                tfn = torch_peer(c, torch)
             except Exception as e:  # a peer that cannot run this shape is not our failure
                 row["torch_error"] = f"{type(e).__name__}: {e}"
-            if fn is not None:
-                fn()
+            if tfn is not None:
+                tfn()
                 torch.cuda.synchronize()
-                tmed, _, _ = _time_torch(fn, args.reps, torch)
-                tgbs = nbytes / (tmed * 1e-3) / 1e9
-                row.update(torch_ms=tmed, torch_gb_per_s=tgbs)
-                line += f" {tmed:9.3f} {tgbs:8.1f} {tmed / med:8.2f}"
+                tmed = torch_call(tfn, args.reps)[0]
+                tgpu = torch_gpu(tfn, args.reps)
+                row.update(torch_ms=tmed, torch_gpu_ms=tgpu and tgpu[0])
+                ratio = (tgpu[0] / gpu[0]) if (tgpu and gpu) else tmed / med
+                ttxt = f"{tgpu[0]:8.3f}" if tgpu else f"{'-':>8s}"
+                line += f" {tmed:8.3f} {ttxt} {ratio:7.2f}"
         print(line, flush=True)
         rows.append(row)
-        del ad, outs, res
+        del ad, outs, res, fn   # the device memory goes before the next case's
     print(f"{failures} agreement failure(s)" if not args.no_check else "agreement not checked")
     if args.json:
         with open(args.json, "w") as f:
