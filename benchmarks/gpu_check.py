@@ -15,7 +15,8 @@ each case of :mod:`numbasep.suite` it
 
 and prints milliseconds, achieved GB/s (bytes of :func:`numbasep.suite.bytes_moved`,
 the each-tensor-once lower bound, over the device time) and the percentage of
-the HBM bandwidth; "x torch" is PyTorch's device time over numbasep's.
+the HBM bandwidth; "x torch" is PyTorch's device time over numbasep's (its call
+time over numbasep's, marked "c", where a device time could not be isolated).
 
 Usage::
 
@@ -231,7 +232,7 @@ def _host_timer(fn, reps):
     return _median(times)
 
 
-def _event_timers(new_event, cuda):
+def _event_timers(new_event, spin):
     """(call time, device time): functions (fn, reps) -> (median, min, max) in ms.
 
     Each call is bracketed by two events (numba's or PyTorch's, which have the
@@ -240,10 +241,8 @@ def _event_timers(new_event, cuda):
     includes the host's work (what a caller waits for). For the device time a
     kernel that sleeps ``_SPIN_NS`` holds the stream while the host queues the
     call, so the events see the device's work alone; that timer returns None
-    when the host took longer than the sleep.
+    when the host took longer than the sleep. ``spin`` is :func:`_spin_kernel`'s.
     """
-    spin = _spin_kernel(cuda)
-
     def timer(fn, reps, busy):
         times = []
         for _ in range(reps):
@@ -361,11 +360,12 @@ def main(argv=None):
               f" {'%HBM':>5s}"
               + (f" {'torch ms':>8s} {'gpu ms':>8s} {'x torch':>7s}" if torch else ""))
     print(header)
+    spin = None if sim else _spin_kernel(cuda)
     call_timer, gpu_timer = ((_host_timer, lambda fn, reps: None) if sim
-                             else _event_timers(cuda.event, cuda))
+                             else _event_timers(cuda.event, spin))
     if torch:
         torch_call, torch_gpu = _event_timers(
-            lambda: torch.cuda.Event(enable_timing=True), cuda)
+            lambda: torch.cuda.Event(enable_timing=True), spin)
     rows = []
     failures = 0
     rng = np.random.default_rng(0)
@@ -419,9 +419,13 @@ def main(argv=None):
                 tmed = torch_call(tfn, args.reps)[0]
                 tgpu = torch_gpu(tfn, args.reps)
                 row.update(torch_ms=tmed, torch_gpu_ms=tgpu and tgpu[0])
-                ratio = (tgpu[0] / gpu[0]) if (tgpu and gpu) else tmed / med
+                # Device times when both were isolated, else call times (marked "c").
+                if tgpu and gpu:
+                    rtxt = f"{tgpu[0] / gpu[0]:7.2f}"
+                else:
+                    rtxt = f"{tmed / med:6.2f}c"
                 ttxt = f"{tgpu[0]:8.3f}" if tgpu else f"{'-':>8s}"
-                line += f" {tmed:8.3f} {ttxt} {ratio:7.2f}"
+                line += f" {tmed:8.3f} {ttxt} {rtxt}"
         print(line, flush=True)
         rows.append(row)
         del ad, outs, res, fn   # the device memory goes before the next case's
