@@ -377,6 +377,52 @@ def test_tap_sums_fold_each_taps_product_in_order(dtype):
             np.testing.assert_array_equal(dst, want)
 
 
+def _fma_pairs(a, b, c):
+    """Elementwise ``a*b + c`` rounded once (as :func:`_fma_exact`, ``b`` an array)."""
+    out = np.empty_like(c)
+    for i in range(c.size):
+        exact = Fraction(float(a[i])) * Fraction(float(b[i])) + Fraction(float(c[i]))
+        out[i] = c.dtype.type(float(exact))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_tap_dots_fold_each_lane_in_order(dtype):
+    """The plane filter gradient's dot products: per tap and lane, the products
+    of every vector step fused in order into each of the step's vectors' sums,
+    those added, and the total added to the lane's slot; 1 to 20 taps (groups of
+    up to 9, sizes that differ by one), runs of 1 to 3 steps from an offset, and
+    no slot beyond a vector's lanes or past the last tap written."""
+    @_once()
+    def run(part, src, offs, ntaps, g, i0, i1):
+        simd.tap_dots(part, src, offs, ntaps, g, i0, i1)
+
+    width = simd.WIDE // 2 if dtype == np.float64 else simd.WIDE
+    units = 2 if simd.WIDE == 16 else 1
+    slots = simd.DOT_SLOTS
+    rng = np.random.default_rng(8)
+    src = rng.standard_normal(3000).astype(dtype)
+    g = rng.standard_normal(300).astype(dtype)
+    for i0, i1 in ((0, 32), (64, 160), (32, 128)):
+        for ntaps in (1, 2, 8, 9, 10, 17, 20):
+            offs = rng.integers(0, 2000, ntaps).astype(np.int64)
+            part = rng.standard_normal((ntaps + 1) * slots).astype(dtype)
+            want = part.copy()
+            run(part, src, offs, ntaps, g, i0, i1)
+            for t in range(ntaps):
+                chains = np.zeros((units, width), dtype)
+                for i in range(i0, i1, units * width):
+                    for u in range(units):
+                        at = i + u * width
+                        chains[u] = _fma_pairs(src[offs[t] + at:offs[t] + at + width],
+                                               g[at:at + width], chains[u])
+                total = chains[0]
+                for u in range(1, units):
+                    total = total + chains[u]
+                want[t * slots:t * slots + width] += total
+            np.testing.assert_array_equal(part, want)
+
+
 def _dots_want(acc, x, g, a0, arow, astep, s0, sstep, rowstep, colstep, g0, gstep, n, rows,
                cols, channels, inside=lambda k, j: True):
     """The filter-gradient sums in float64 (the intrinsics fuse, in pixel order),

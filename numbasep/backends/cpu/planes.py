@@ -26,7 +26,14 @@ between them. The forward and input gradient hold
 four vectors of sums in registers through all the taps (:func:`.simd.tap_sums`,
 16 lanes with AVX-512, where the loop vectoriser used 8 and stored the sums
 after every third tap: 10-15 % faster, 1 thread, N=8 56x56x144 3.11 -> 2.79 ms);
-the filter gradient walks its runs in L1-sized chunks.
+the filter gradient walks its runs in L1-sized chunks, its taps' dot products
+in groups of up to 9 that share each load of the output gradient
+(:func:`.simd.tap_dots`; one dot product at a time took two loads per
+multiply-add). 1 thread, NCHW / NHWC time, one dot product at a time / groups:
+N=8 56x56x144 1.40 / 1.03, 56x56x96 7x7 1.77 / 1.36, 112x112x32 1.80 / 1.64;
+N=32 56x56x144 1.22 / 1.12, 56x56x96 7x7 1.87 / 1.42, 147x147x128 1.31 / 1.06
+(``benchmarks/layout_ratio.py --batch 8,32 --threads 1 --rounds 3 --case
+bwd_filter``).
 
 16-bit operands reach these kernels as their bit patterns (:func:`.halves.value`)
 and are widened as they are copied into the scratch; 16-bit results are rounded
@@ -58,6 +65,8 @@ from .simd import deinterleave8, interleave8
 from .simd import fma as _fma
 from .simd import sfence as _sfence
 from .simd import stream_copy as _stream_copy
+from .simd import DOT_SLOTS as _SLOTS
+from .simd import tap_dots as _tap_dots
 from .simd import tap_sums as _tap_sums
 
 # Runs are padded to a multiple of this (two 16-lane vectors): the tap sums
@@ -607,7 +616,7 @@ def backprop_filter(x, dy, parts, sh, sw, rh, rw, ph, pw):
         xp, cols, offs = _task_scratch(parts.dtype, KH, KW, W, sh, sw, rh, rw, pw, WQ, S)
         gp = np.zeros(L, parts.dtype)
         sums = np.empty((M, KH * KW), parts.dtype)
-        one = np.empty(KH * KW, parts.dtype)
+        one = np.empty(KH * KW * _SLOTS, parts.dtype)
         geo = (H, W, OH, OW, sh, sw, ph, pw, RQ, WQ, S, L, (KH - 1) * rh // sh + 2)
         for pc in range(job * NP // T, (job + 1) * NP // T):
             p, c = pc // C, pc % C
@@ -644,12 +653,12 @@ def _bfil_plane(x, dy, xf, dyf, scatter, xp, cols, gp, offs, one, acc, n, c, k, 
         if need > done_g:
             _copy_rows(gp, done_g * WQ, WQ, dyf, g0 + done_g * OW, OW, need - done_g, OW)
             done_g = need
-        for t in range(KH * KW):
-            o = offs[t]
-            s = one[t]
-            for i in range(i0, i1):
-                s += xp[_u(o + i)] * gp[_u(i)]
-            one[t] = s
+        _tap_dots(one, xp, offs, KH * KW, gp, i0, i1)
+    for t in range(KH * KW):
+        s = one[t * _SLOTS]
+        for j in range(1, _SLOTS):
+            s += one[t * _SLOTS + j]
+        one[t] = s
     # With finite operands every product is finite (the padding and the extra
     # columns contribute exact zeros); a NaN or Inf sum means an operand was not
     # finite, and then padding products must not count.
