@@ -74,32 +74,40 @@ def test_interleave8_merges_two_runs(dtype):
     np.testing.assert_array_equal(dst, want)
 
 
+@pytest.mark.parametrize("lanes", [8, 16])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n", [0, 1, 5])
 @pytest.mark.parametrize("m", [0, 1, 3])
-def test_taps_dot8_adds_each_taps_block_sum_to_its_accumulator(dtype, n, m):
-    @_once()
+def test_taps_dot_adds_each_taps_block_sum_to_its_accumulator(lanes, dtype, n, m):
+    @_once(lanes)
     def run(acc, a0, astep, x, s0, sstep, srow, toffs, g, g0, gstep, grow, n, m):
-        simd.taps_dot8(acc, a0, astep, x, s0, sstep, srow, toffs, g, g0, gstep, grow, n, m, 3)
+        if lanes == 8:
+            simd.taps_dot8(acc, a0, astep, x, s0, sstep, srow, toffs, g, g0, gstep, grow, n, m,
+                           3)
+        else:
+            simd.taps_dot16(acc, a0, astep, x, s0, sstep, srow, toffs, g, g0, gstep, grow, n, m,
+                            3)
 
     rng = np.random.default_rng(3)
     x = rng.standard_normal(700).astype(dtype)
     g = rng.standard_normal(400).astype(dtype)
-    acc = rng.standard_normal(60).astype(dtype)
+    acc = rng.standard_normal(90).astype(dtype)
     before = acc.copy()
     toffs = np.array([0, 41, 17, 99], np.int64)        # the 4th is not a tap: unused
     want = acc.astype(np.float64)
+    step = lanes + 5
     for t in range(3):
         for r in range(m):
             for k in range(n):
                 xs = 2 + r * 151 + k * 19 + toffs[t]
                 gs = 5 + r * 97 + k * 11
-                want[4 + t * 13:12 + t * 13] += x[xs:xs + 8].astype(np.float64) * g[gs:gs + 8]
-    run(acc, 4, 13, x, 2, 19, 151, toffs, g, 5, 11, 97, n, m)
+                want[4 + t * step:4 + lanes + t * step] += \
+                    x[xs:xs + lanes].astype(np.float64) * g[gs:gs + lanes]
+    run(acc, 4, step, x, 2, 19, 151, toffs, g, 5, 11, 97, n, m)
     np.testing.assert_allclose(acc, want, rtol=1e-5 if dtype == np.float32 else 1e-12)
-    untouched = np.ones(60, bool)
+    untouched = np.ones(90, bool)
     for t in range(3):
-        untouched[4 + t * 13:12 + t * 13] = False
+        untouched[4 + t * step:4 + lanes + t * step] = False
     assert np.array_equal(acc[untouched], before[untouched])
 
 

@@ -349,15 +349,25 @@ def _block_clamps(cols, k0, count, kw, mode):
     return out
 
 
-@intrinsic
-def taps_dot8(typingctx, acc, a0, astep, x, s0, sstep, srow, toffs, g, g0, gstep, grow, n, m,
-              taps):
+def _taps_dot(lanes):
+    """:func:`_taps_dot_typed` on ``lanes`` lanes, as an intrinsic of its own name."""
+    def taps_dot(typingctx, acc, a0, astep, x, s0, sstep, srow, toffs, g, g0, gstep, grow, n, m,
+                 taps):
+        return _taps_dot_typed(lanes, acc, a0, astep, x, s0, sstep, srow, toffs, g, g0, gstep,
+                               grow, n, m, taps)
+    taps_dot.__name__ = taps_dot.__qualname__ = f"taps_dot{lanes}"
+    taps_dot.__doc__ = _taps_dot_typed.__doc__
+    return intrinsic(taps_dot)
+
+
+def _taps_dot_typed(lanes, acc, a0, astep, x, s0, sstep, srow, toffs, g, g0, gstep, grow, n, m,
+                    taps):
     """For each tap t < ``taps`` (a compile-time constant):
-    ``acc[a0 + t*astep : +8] += sum over rows r < m and pixels k < n of
-    x[s0 + r*srow + k*sstep + toffs[t] : +8] * g[g0 + r*grow + k*gstep : +8]``.
+    ``acc[a0 + t*astep : +lanes] += sum over rows r < m and pixels k < n of
+    x[s0 + r*srow + k*sstep + toffs[t] : +lanes] * g[g0 + r*grow + k*gstep : +lanes]``.
 
     The filter gradient's inner loops over a block of rows of pixels with the
-    ``taps`` 8-lane sums held in registers throughout and each ``g`` vector loaded
+    ``taps`` sums held in registers throughout and each ``g`` vector loaded
     once for all taps: per pixel and tap one load and one fused multiply-add,
     where the loop LLVM builds from the scalar form stores every partial sum back
     to memory. (Summing row by row, with the sums stored and reloaded between
@@ -370,11 +380,9 @@ def taps_dot8(typingctx, acc, a0, astep, x, s0, sstep, srow, toffs, g, g0, gstep
 
     def codegen(context, builder, signature, args):
         _, a0v, astepv, _, s0v, sstepv, srowv, _, _, g0v, gstepv, growv, nv, mv, _ = args
-        v = _Lanes(context, builder, signature, args)
+        v = _Lanes(context, builder, signature, args, lanes)
         ity = s0v.type
-        fma = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(v.vty, [v.vty] * 3),
-            "llvm.fma.v8f32" if v.elt == ir.FloatType() else "llvm.fma.v8f64")
+        fma = v.fma()
         aoffs = [builder.add(a0v, builder.mul(astepv, ir.Constant(ity, t))) for t in range(kt)]
         toff = [v.scalar(7, ir.Constant(ity, t)) for t in range(kt)]
 
@@ -395,6 +403,11 @@ def taps_dot8(typingctx, acc, a0, astep, x, s0, sstep, srow, toffs, g, g0, gstep
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+#: :func:`_taps_dot_typed` on 8 lanes, and on 16 (two AVX2 registers; one with AVX-512).
+taps_dot8 = _taps_dot(8)
+taps_dot16 = _taps_dot(16)
 
 
 @intrinsic
