@@ -431,6 +431,18 @@ def test_tap_dots_fold_each_lane_in_order(dtype):
             np.testing.assert_array_equal(part, want)
 
 
+def test_tap_dots_refuses_mixed_dtypes():
+    """Its sums, source and weights are one float type: a float64 source with
+    float32 sums is a typing error, not a misread buffer."""
+    @numba.njit
+    def run(part, src, offs, g):
+        simd.tap_dots(part, src, offs, 1, g, 0, 32)
+
+    with pytest.raises(numba.core.errors.TypingError):
+        run(np.zeros(16, np.float32), np.zeros(64), np.zeros(1, np.int64),
+            np.zeros(32, np.float32))
+
+
 def _dots_want(acc, x, g, a0, arow, astep, s0, sstep, rowstep, colstep, g0, gstep, n, rows,
                cols, channels, inside=lambda k, j: True):
     """The filter-gradient sums in float64 (the intrinsics fuse, in pixel order),

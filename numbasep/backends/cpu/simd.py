@@ -1227,6 +1227,11 @@ def tap_dots(typingctx, part, src, offs, ntaps, g, i0, i1):
     once for the group, so that a multiply-add takes about one load, where the
     loop vectoriser's one dot product at a time took two. The lanes' sums are
     left apart (added up by the caller): per lane, fused, in order of i."""
+    floats = (types.float32, types.float64)
+    if not (all(isinstance(a, types.Array) for a in (part, src, offs, g))
+            and part.dtype in floats and src.dtype == g.dtype == part.dtype
+            and isinstance(offs.dtype, types.Integer)):
+        return None
     sig = types.void(part, src, offs, ntaps, g, i0, i1)
 
     def codegen(context, builder, signature, args):

@@ -192,7 +192,7 @@ def _fill_band(sf, s0, SH, SW, lo, hi, r0, q0, cb, tile, WP, CB, pos, C, cl):
                  a0 * SW)
 
 
-# Largest block (elements) whose next image :func:`_ask_for` asks for ahead.
+# Largest block (elements) that :func:`_ask_for` asks for ahead.
 _ASK_ELEMS = 1 << 16
 
 
