@@ -17,6 +17,22 @@ def route_afresh(monkeypatch):
     monkeypatch.setattr(ops, "_FAST", {})
 
 
+def record_routing(monkeypatch, name):
+    """Record the decisions of the CPU driver's routing predicate ``name`` (each
+    call's, decided afresh: :func:`route_afresh`); returns the list they go to."""
+    from numbasep.backends.cpu import driver
+    seen = []
+    real = getattr(driver, name)
+
+    def spy(plan):
+        ok = real(plan)
+        seen.append(ok)
+        return ok
+    monkeypatch.setattr(driver, name, spy)
+    route_afresh(monkeypatch)
+    return seen
+
+
 def cuda_missing():
     """None when the CUDA backend loads (a GPU or numba's simulator), else why not."""
     try:

@@ -39,16 +39,7 @@ def problems(draw, batch=(1, 3), channels=(1, 11), sides=(1, 13), windows=(1, 5)
 
 def _taken(monkeypatch):
     """Record which problems the plane kernels took."""
-    seen = []
-    real = driver._by_planes
-
-    def spy(plan):
-        ok = real(plan)
-        seen.append(ok)
-        return ok
-    monkeypatch.setattr(driver, "_by_planes", spy)
-    support.route_afresh(monkeypatch)
-    return seen
+    return support.record_routing(monkeypatch, "_by_planes")
 
 
 # Besides small problems: planes whose tap sums run in several pieces
@@ -135,6 +126,7 @@ def test_depth_multipliers_copy_each_input_plane_once(problem, poison):
         patch.setattr(driver, "_multiplier_plane_route", lambda plan, op: None)
         patch.setattr(driver, "_tile_width", lambda plan, adjoint=False: 0)
         patch.setattr(driver, "_filter_tile_width", lambda plan: 0)
+        patch.setattr(driver, "_in_place", lambda plan: False)
         want = _three_ops(xs, fs, attrs, poison)
     for g, v in zip(got, want):
         np.testing.assert_array_equal(g, v)

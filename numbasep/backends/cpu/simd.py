@@ -13,7 +13,7 @@ import platform
 
 from llvmlite import binding as llb
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -193,26 +193,46 @@ class _Lanes:
         float16) widened as loaded, floats as they are. ``rep`` > 1: the vector
         of lanes / ``rep`` elements from ``off``, each repeated ``rep`` times
         (a depth multiplier's input channels, as its output channels see them)."""
-        dtype = self.types[i].dtype
         b = self.builder
         n = self.vty.count // rep
-        if dtype not in (types.uint16, types.int16):
-            got = b.load(b.bitcast(b.gep(self.arrays[i].data, [off]),
-                                   ir.VectorType(self.elt, n).as_pointer()), align=self.align)
-        else:
-            raw = b.load(b.bitcast(b.gep(self.arrays[i].data, [off]),
-                                   ir.VectorType(ir.IntType(16), n).as_pointer()), align=2)
-            fty = ir.VectorType(self.elt, n)
-            if dtype == types.int16:
-                got = b.fpext(b.bitcast(raw, ir.VectorType(ir.HalfType(), n)), fty)
-            else:
-                wide = b.shl(b.zext(raw, ir.VectorType(_I32, n)),
-                             ir.Constant(ir.VectorType(_I32, n), [16] * n))
-                got = b.bitcast(wide, fty)
+        got = self._widened(i, n, lambda vty, align: b.load(
+            b.bitcast(b.gep(self.arrays[i].data, [off]), vty.as_pointer()), align=align))
         if rep == 1:
             return got
         return b.shuffle_vector(got, got, ir.Constant(ir.VectorType(_I32, self.vty.count),
                                                       [k // rep for k in range(self.vty.count)]))
+
+    def _widened(self, i, n, load):
+        """``load(vty, align)``'s n elements of array i as floats of the type
+        computed in: 16-bit bit patterns loaded as such and widened."""
+        dtype = self.types[i].dtype
+        if dtype not in (types.uint16, types.int16):
+            return load(ir.VectorType(self.elt, n), self.align)
+        b = self.builder
+        raw = load(ir.VectorType(ir.IntType(16), n), 2)
+        fty = ir.VectorType(self.elt, n)
+        if dtype == types.int16:
+            return b.fpext(b.bitcast(raw, ir.VectorType(ir.HalfType(), n)), fty)
+        wide = b.shl(b.zext(raw, ir.VectorType(_I32, n)),
+                     ir.Constant(ir.VectorType(_I32, n), [16] * n))
+        return b.bitcast(wide, fty)
+
+    def masked_value(self, i, off, mask):
+        """:meth:`value`, reading only the lanes of the ``<lanes x i1>`` ``mask``
+        (the others are not touched and hold zeros)."""
+        b = self.builder
+        n = self.vty.count
+
+        def load(vty, align):
+            kind = {"float": "f32", "double": "f64"}.get(str(vty.element), "i16")
+            suffix = f"v{n}{kind}"
+            fn = cgutils.get_or_insert_function(
+                b.module, ir.FunctionType(vty, [vty.as_pointer(), _I32, mask.type, vty]),
+                f"llvm.masked.load.{suffix}.p0{suffix}")
+            ptr = b.bitcast(b.gep(self.arrays[i].data, [off]), vty.as_pointer())
+            zero = [0] * n if kind == "i16" else [0.0] * n
+            return b.call(fn, [ptr, ir.Constant(_I32, align), mask, ir.Constant(vty, zero)])
+        return self._widened(i, n, load)
 
     def put(self, value, i, off, stream=False):
         """Store a vector of results into array ``i``: rounded to 16 bits when the
@@ -1216,6 +1236,32 @@ DOT_SLOTS = 16
 _DOT_GROUP = 9
 
 
+def _in_tap_groups(v, ntaps, taps):
+    """Generate ``taps(t0, size)`` for the ``ntaps`` taps (a run-time count) in
+    groups of up to ``_DOT_GROUP``, the sizes as even as they come; ``size`` is a
+    compile-time constant in each case (the sums it keeps in registers)."""
+    b = v.builder
+    ity = ntaps.type
+    step = ir.Constant(ity, _DOT_GROUP)
+    groups = b.sdiv(b.add(ntaps, ir.Constant(ity, _DOT_GROUP - 1)), step)
+
+    def group(k, _):
+        t0 = b.sdiv(b.mul(k, ntaps), groups)
+        t1 = b.sdiv(b.mul(b.add(k, ir.Constant(ity, 1)), ntaps), groups)
+        done = b.append_basic_block("taps.done")
+        switch = b.switch(b.sub(t1, t0), done)
+        for size in range(1, _DOT_GROUP + 1):
+            case = b.append_basic_block(f"taps.{size}")
+            switch.add_case(ir.Constant(ity, size), case)
+            b.position_at_end(case)
+            taps(t0, size)
+            b.branch(done)
+        b.position_at_end(done)
+        return []
+
+    v.loop(groups, [], group)
+
+
 @intrinsic
 def tap_dots(typingctx, part, src, offs, ntaps, g, i0, i1):
     """``part[t*DOT_SLOTS + j] += sum of src[offs[t] + i] * g[i]`` over the i in
@@ -1250,7 +1296,6 @@ def tap_dots(typingctx, part, src, offs, ntaps, g, i0, i1):
 
         step = units * width
         steps = b.sdiv(b.sub(i1v, i0v), const(step))
-        groups = b.sdiv(b.add(nv, const(_DOT_GROUP - 1)), const(_DOT_GROUP))
         zero = ir.Constant(v.vty, [0.0] * width)
 
         def taps(t0, size):
@@ -1271,22 +1316,115 @@ def tap_dots(typingctx, part, src, offs, ntaps, g, i0, i1):
                 at = b.mul(b.add(t0, const(t)), const(DOT_SLOTS))
                 v.store(b.fadd(v.load(0, at), total), 0, at)
 
-        def group(k, _):
-            t0 = b.sdiv(b.mul(k, nv), groups)
-            t1 = b.sdiv(b.mul(b.add(k, const(1)), nv), groups)
-            size = b.sub(t1, t0)
-            done = b.append_basic_block("dots.done")
-            switch = b.switch(size, done)
-            for s in range(1, _DOT_GROUP + 1):
-                case = b.append_basic_block(f"dots.taps{s}")
-                switch.add_case(const(s), case)
-                b.position_at_end(case)
-                taps(t0, s)
-                b.branch(done)
-            b.position_at_end(done)
-            return []
+        _in_tap_groups(v, nv, taps)
+        return context.get_dummy_value()
 
-        v.loop(groups, [], group)
+    return sig, codegen
+
+
+@njit(inline="always")
+def plane_lanes(itemsize):
+    """Lanes of one vector of :func:`plane_dots` for sums of ``itemsize`` bytes:
+    the pixels each of its lane masks covers."""
+    return WIDE if itemsize == 4 else WIDE // 2
+
+
+@intrinsic
+def plane_dots(typingctx, part, a0, x, x0, g, g0, toffs, masks, ntaps, KW, nvec, v0, v1):
+    """For each tap t < ``ntaps`` (of a window KW wide) and lane j < L
+    (:func:`plane_lanes`): ``part[a0 + t*DOT_SLOTS + j] +=`` the sum over v < nvec
+    of ``x[x0 + v*L + j + toffs[t]] * g[g0 + v*L + j]``, taking only the terms
+    whose lane bit j is set in ``masks[(t + 1)*nvec + v]`` (a subset of
+    ``masks[v]``, which says which ``g`` elements exist). The vectors v in
+    ``[v0, v1)`` must read ``x`` and ``g`` only inside the planes at every lane
+    and tap; there ``masks[(ntaps + 1 + t % KW)*nvec + v]``, the lanes whose tap
+    column lies inside the map, must equal tap t's mask (:func:`.inplace.masks`).
+
+    The channels-first filter gradient of one plane that needs no copy (stride
+    1, output rows as long as the input's), tap t reading the input plane
+    ``toffs[t]`` pixels from the output pixel. A term left out is neither read
+    nor added (masked loads, masked multiply-adds), so the padding, a row's
+    wrap into the next and anything past the arrays are never touched, and an
+    Inf or NaN outside the window makes no NaN. Inside [v0, v1) the loads need no
+    mask and the multiply-adds take a column's mask, the same for the window's
+    rows: a mask load per tap and vector (AMD Zen 4) had cost about as much as
+    the multiply-add. Taps in groups of up to 9, as in :func:`tap_dots`; per
+    lane the sums are fused, from -0, in order of v, and left apart for the
+    caller to add up. ``x`` and ``g`` may hold 16-bit bit patterns
+    (:func:`.halves.value`), widened as loaded to ``part``'s float type."""
+    floats = (types.float32, types.float64)
+    bits = (types.uint16, types.int16)
+    if not (all(isinstance(a, types.Array) for a in (part, x, g, toffs, masks))
+            and part.dtype in floats
+            and (x.dtype == g.dtype == part.dtype
+                 or (part.dtype == types.float32 and x.dtype in bits and g.dtype == x.dtype))
+            and isinstance(toffs.dtype, types.Integer)
+            and isinstance(masks.dtype, types.Integer)):
+        return None
+    sig = types.void(part, a0, x, x0, g, g0, toffs, masks, ntaps, KW, nvec, v0, v1)
+
+    def codegen(context, builder, signature, args):
+        b = builder
+        f64 = signature.args[0].dtype == types.float64
+        width = WIDE // 2 if f64 else WIDE
+        v = _Lanes(context, builder, signature, args, width, floats=0)
+        fma = v.fma()
+        a0v, x0v, g0v, nv, kwv, nvecv, v0v, v1v = (
+            context.cast(b, args[k], signature.args[k], types.intp)
+            for k in (1, 3, 5, 8, 9, 10, 11, 12))
+        ity = x0v.type
+
+        def const(i):
+            return ir.Constant(ity, i)
+
+        mty = ir.VectorType(ir.IntType(1), width)
+
+        def mask(k):
+            got = v.scalar(7, k)
+            if got.type.width > width:
+                got = b.trunc(got, ir.IntType(width))
+            return b.bitcast(got, mty)
+
+        start = ir.Constant(v.vty, [-0.0] * width)
+        columns = b.mul(b.add(nv, const(1)), nvecv)
+
+        def taps(t0, size):
+            ts = [b.add(t0, const(t)) for t in range(size)]
+            offs = [context.cast(b, v.scalar(6, t), signature.args[6].dtype, types.intp)
+                    for t in ts]
+            rows = [b.mul(b.add(t, const(1)), nvecv) for t in ts]
+            cols = [b.add(columns, b.mul(b.srem(t, kwv), nvecv)) for t in ts]
+
+            def vectors(first, inside):
+                def vector(k, sums):
+                    k = b.add(first, k)
+                    at = b.mul(k, const(width))
+                    if inside:
+                        gv = v.value(4, b.add(g0v, at))
+                    else:
+                        gv = v.masked_value(4, b.add(g0v, at), mask(k))
+                    out = []
+                    for t in range(size):
+                        src = b.add(b.add(x0v, at), offs[t])
+                        if inside:
+                            m = mask(b.add(cols[t], k))
+                            xv = v.value(2, src)
+                        else:
+                            m = mask(b.add(rows[t], k))
+                            xv = v.masked_value(2, src, m)
+                        out.append(b.select(m, b.call(fma, [xv, gv, sums[t]]), sums[t]))
+                    return out
+                return vector
+
+            sums = [start] * size
+            sums = v.loop(v0v, sums, vectors(const(0), False))
+            sums = v.loop(b.sub(v1v, v0v), sums, vectors(v0v, True))
+            sums = v.loop(b.sub(nvecv, v1v), sums, vectors(v1v, False))
+            for t in range(size):
+                at = b.add(a0v, b.mul(ts[t], const(DOT_SLOTS)))
+                v.store(b.fadd(v.load(0, at), sums[t]), 0, at)
+
+        _in_tap_groups(v, nv, taps)
         return context.get_dummy_value()
 
     return sig, codegen

@@ -1,0 +1,119 @@
+"""Channels-first kernels that read each plane where it lies, through lane masks.
+
+At stride 1, when the output rows are as long as the input's (``OW == W``: the
+padding of SAME and its like), output pixel q's tap t reads input pixel
+``q + toffs[t]`` of a plane, a fixed offset: a vector of consecutive output
+pixels reads a vector of consecutive input pixels for each tap. Nothing needs
+to be copied, padded or transposed. The lanes whose tap falls outside the map
+(in the padding, or a row's wrap into the next or previous row) are the same for
+every plane; one mask per (tap, vector of pixels), built once per problem
+(:func:`masks`), leaves them out of both the load and the multiply-add
+(:func:`.simd.plane_dots`). The sums are therefore the operator's own, Inf and
+NaN included, with no direct fallback: no product with the padding is formed.
+
+The filter gradient here spares the plane kernels' padded copies and the tile
+kernels' transposes. A tap's vector of input pixels starts anywhere in a line,
+so each multiply-add takes an unaligned load of its own: the tiles (aligned
+loads from L1, each input vector shared by a block's taps) stay faster on small
+maps in the caches, and the planes on 5x5 and 7x7 windows (the driver's
+``_in_place`` has the figures). A job sums a block of channels image by image,
+each image's block a contiguous run of planes, and each plane's sums stay in
+registers through its pixels; the images of a chunk are summed in order, so the
+result does not depend on the thread count.
+"""
+
+import numpy as np
+from numba import njit
+
+from .kernels import _REDUCE_MATH
+from .simd import DOT_SLOTS, plane_dots, plane_lanes
+from .tasks import Parallel
+
+# Most tasks a filter gradient is split into: enough for the machines this runs
+# on to balance, few enough that each is many planes long.
+GROUPS = 64
+
+
+def masks(H, W, OH, OW, KH, KW, rh, rw, ph, pw, itemsize):
+    """(bits, toffs, v0, v1) for :func:`.simd.plane_dots` on planes of ``H x W``
+    inputs and ``OH x OW`` outputs (``OW == W``, stride 1) of ``itemsize``-byte
+    sums. ``toffs[kh*KW + kw]``: the input pixel offset of tap (kh, kw). ``bits``,
+    bit j for pixel ``v*L + j`` of vector v: ``bits[v]``, the output pixels that
+    exist; ``bits[(t + 1)*nvec + v]``, those whose tap t lies inside the map;
+    ``bits[(KH*KW + 1 + kw)*nvec + v]``, those whose column kw lies inside it.
+    [v0, v1): the vectors whose every lane and tap reads inside the planes."""
+    lanes = plane_lanes(itemsize)
+    nvec = -(-OH * OW // lanes)
+    q = np.arange(nvec * lanes)
+    oh, ow = q // OW, q % OW
+    real = q < OH * OW
+    kh, kw = np.divmod(np.arange(KH * KW), KW)
+    ih = oh[None, :] + (kh * rh - ph)[:, None]
+    iw = ow[None, :] + (np.arange(KW) * rw - pw)[:, None]
+    column = real & (iw >= 0) & (iw < W)
+    inside = column[kw] & (ih >= 0) & (ih < H)
+    toffs = ((kh * rh - ph) * W + kw * rw - pw).astype(np.int64)
+    on = np.concatenate([real[None, :], inside, column]).reshape(-1, nvec, lanes)
+    weights = np.left_shift(1, np.arange(lanes), dtype=np.int64)
+    bits = (on * weights).sum(axis=2).astype(np.uint16)
+    reads = q[None, :] + toffs[:, None]
+    within = (real & ((reads >= 0) & (reads < H * W)).all(axis=0)).reshape(nvec, lanes)
+    whole = np.flatnonzero(within.all(axis=1))
+    v0, v1 = (int(whole[0]), int(whole[-1]) + 1) if whole.size else (0, 0)
+    return bits.reshape(-1), toffs, v0, v1
+
+
+# Most channels per job: a job sums each image's run of its planes (contiguous in
+# memory) before the next image's, and keeps their lane sums in L1.
+BLOCK = 64
+
+
+def block(chunks, channels):
+    """Channels per job for ``chunks`` chunks of images: up to ``BLOCK``, fewer
+    where that leaves fewer than ``GROUPS`` jobs (one image of 112x112x32 was a
+    single job)."""
+    return max(1, min(BLOCK, chunks * channels // GROUPS))
+
+
+@njit(nogil=True, cache=True, fastmath=_REDUCE_MATH)
+def backprop_filter(grp, groups, x, dy, parts, bits, toffs, v0, v1, CB):
+    """parts[p, kh, kw, c] = the filter gradient of channel c over the images of
+    chunk p, for ``x[N, C, H, W]``, ``dy[N, C, OH, OW]`` (float32 or float64, or
+    both 16-bit bit patterns with float32 ``parts``) and the lane masks and tap
+    offsets of :func:`masks` (and its range of vectors read without masks); jobs
+    of ``CB`` channels (:func:`block`). Chunks depend on the problem only and each sum
+    runs in a fixed order, so the result does not depend on the thread count."""
+    N, C, H, W = x.shape
+    OH, OW = dy.shape[2], dy.shape[3]
+    P, KT = parts.shape[0], toffs.shape[0]
+    KW = parts.shape[2]
+    nvec = bits.shape[0] // (KT + 1 + KW)
+    lanes = plane_lanes(parts.itemsize)
+    xf = x.reshape(N * C * H * W)
+    dyf = dy.reshape(N * C * OH * OW)
+    pf = parts.reshape(P * KT * C)
+    span = KT * DOT_SLOTS
+    one = np.empty(CB * span, parts.dtype)
+    nblk = (C + CB - 1) // CB
+    jobs = P * nblk
+    for job in range(grp * jobs // groups, (grp + 1) * jobs // groups):
+        p, blk = job // nblk, job % nblk
+        c0 = blk * CB
+        cb = min(CB, C - c0)
+        one[:cb * span] = 0
+        for n in range(p * N // P, (p + 1) * N // P):
+            for c in range(cb):
+                plane_dots(one, c * span, xf, (n * C + c0 + c) * H * W, dyf,
+                           (n * C + c0 + c) * OH * OW, toffs, bits, KT, KW, nvec, v0, v1)
+        for c in range(cb):
+            for t in range(KT):
+                a = c * span + t * DOT_SLOTS
+                s = one[a]
+                for j in range(1, lanes):
+                    s += one[a + j]
+                pf[(p * KT + t) * C + c0 + c] = s
+
+
+backprop_filter_task = backprop_filter
+backprop_filter = Parallel(backprop_filter_task, lambda x, dy, parts, *args: min(
+    parts.shape[0] * -(-x.shape[1] // args[-1]), GROUPS), 5)
