@@ -850,14 +850,16 @@ def _in_place(plan):
 
     2 threads, AMD Zen 4, NCHW filter gradient, in place / the kernels before
     (tiles or planes), medians of 7 alternating rounds (ms): N=32 56x56x144
-    6.1 / 9.6, 112x112x32 4.7 / 6.7, 19x19x728 3.6 / 6.1, 28x28x192 1.74 / 2.01,
-    14x14x576 2.03 / 2.40; N=8 147x147x128 8.0 / 11.7, 112x112x32 0.84 / 1.79,
-    1-D 1024x512 3 taps 0.73 / 1.76, 5 taps 0.96 / 1.87; N=1 147x147x128 0.67 /
-    0.99, 112x112x32 0.11 / 0.13. The tiles keep small maps in the caches (N=8
-    14x14x576 0.57 / 0.41, 28x28x192 0.37 / 0.34, N=32 7x7x960 1.72 / 0.78), and
-    the planes 5x5 and 7x7 windows (N=8 56x56x96 7x7 3.42 / 3.21, 14x14x672 5x5
-    1.38 / 0.62): a tap's unaligned loads, one per multiply-add, cost more than
-    the copies they spare there."""
+    3.86 / 7.47, 112x112x32 3.20 / 6.22, 19x19x728 3.64 / 5.54, 28x28x192 1.66 /
+    1.93, 14x14x576 2.14 / 2.52; N=8 147x147x128 6.5 / 12.2, 56x56x144 1.00 /
+    1.78 (float16 0.70 / 1.11, bfloat16 0.74 / 1.14), 112x112x32 0.79 / 1.31,
+    1-D 1024x512 3 taps 0.56 / 1.27, 5 taps 0.79 / 1.40; N=1 147x147x128 0.72 /
+    1.33, 56x56x144 0.145 / 0.156, 112x112x32 0.111 / 0.137. The tiles keep small
+    maps in the caches (N=8 14x14x576 0.57 / 0.41, 28x28x192 0.37 / 0.34, 19x19x728
+    0.91 / 0.71, N=32 7x7x960 1.72 / 0.78, 14x14x384 1.37 / 1.29), and the planes
+    5x5 and 7x7 windows (N=8 56x56x96 7x7 3.42 / 3.21, 14x14x672 5x5 1.38 /
+    0.62): a tap's unaligned loads, one per multiply-add, cost more than the
+    copies they spare there."""
     if not (_by_planes(plan) and plan.strides[1:] == (1, 1)
             and plan.out_sizes[2] == plan.in_sizes[2]
             and plan.kernel[1] * plan.kernel[2] <= _IN_PLACE_TAPS):
