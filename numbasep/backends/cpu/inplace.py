@@ -45,22 +45,24 @@ def masks(H, W, OH, OW, KH, KW, rh, rw, ph, pw, itemsize):
     lanes = plane_lanes(itemsize)
     nvec = -(-OH * OW // lanes)
     q = np.arange(nvec * lanes)
-    oh, ow = q // OW, q % OW
     real = q < OH * OW
-    kh, kw = np.divmod(np.arange(KH * KW), KW)
-    ih = oh[None, :] + (kh * rh - ph)[:, None]
-    iw = ow[None, :] + (np.arange(KW) * rw - pw)[:, None]
-    column = real & (iw >= 0) & (iw < W)
-    inside = column[kw] & (ih >= 0) & (ih < H)
-    toffs = ((kh * rh - ph) * W + kw * rw - pw).astype(np.int64)
-    on = np.concatenate([real[None, :], inside, column]).reshape(-1, nvec, lanes)
-    weights = np.left_shift(1, np.arange(lanes), dtype=np.int64)
-    bits = (on * weights).sum(axis=2).astype(np.uint16)
-    reads = q[None, :] + toffs[:, None]
-    within = (real & ((reads >= 0) & (reads < H * W)).all(axis=0)).reshape(nvec, lanes)
-    whole = np.flatnonzero(within.all(axis=1))
-    v0, v1 = (int(whole[0]), int(whole[-1]) + 1) if whole.size else (0, 0)
-    return bits.reshape(-1), toffs, v0, v1
+    dh = np.arange(KH) * rh - ph
+    dw = np.arange(KW) * rw - pw
+    ih = (q // OW)[None, :] + dh[:, None]
+    iw = (q % OW)[None, :] + dw[:, None]
+    column = real & (iw >= 0) & (iw < W)                   # (KW, pixels)
+    row = (ih >= 0) & (ih < H)                             # (KH, pixels)
+    inside = (row[:, None, :] & column[None, :, :]).reshape(KH * KW, -1)
+    on = np.concatenate([real[None, :], inside, column])
+    # bit j of each vector's mask for lane j (packed bits, little-endian lanes)
+    packed = np.packbits(on.reshape(-1, lanes), axis=1, bitorder="little")
+    bits = packed.view("<u2")[:, 0] if lanes == 16 else packed[:, 0].astype(np.uint16)
+    toffs = (dh[:, None] * W + dw[None, :]).reshape(-1).astype(np.int64)
+    # vectors whose every lane exists and reads inside the plane at every tap
+    lo, hi = -min(0, int(toffs.min())), H * W - max(0, int(toffs.max()))
+    v0 = min(nvec, -(-lo // lanes))
+    v1 = max(v0, min(OH * OW, hi) // lanes)
+    return bits.astype(np.uint16), toffs, v0, v1
 
 
 # Most channels per job: a job sums each image's run of its planes (contiguous in

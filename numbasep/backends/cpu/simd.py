@@ -1335,7 +1335,8 @@ def plane_dots(typingctx, part, a0, x, x0, g, g0, toffs, masks, ntaps, KW, nvec,
     (:func:`plane_lanes`): ``part[a0 + t*DOT_SLOTS + j] +=`` the sum over v < nvec
     of ``x[x0 + v*L + j + toffs[t]] * g[g0 + v*L + j]``, taking only the terms
     whose lane bit j is set in ``masks[(t + 1)*nvec + v]`` (a subset of
-    ``masks[v]``, which says which ``g`` elements exist). The vectors v in
+    ``masks[v]``, which says which ``g`` elements exist; integers of at least 16
+    bits). The vectors v in
     ``[v0, v1)`` must read ``x`` and ``g`` only inside the planes at every lane
     and tap; there ``masks[(ntaps + 1 + t % KW)*nvec + v]``, the lanes whose tap
     column lies inside the map, must equal tap t's mask (:func:`.inplace.masks`).
@@ -1359,7 +1360,7 @@ def plane_dots(typingctx, part, a0, x, x0, g, g0, toffs, masks, ntaps, KW, nvec,
             and (x.dtype == g.dtype == part.dtype
                  or (part.dtype == types.float32 and x.dtype in bits and g.dtype == x.dtype))
             and isinstance(toffs.dtype, types.Integer)
-            and isinstance(masks.dtype, types.Integer)):
+            and isinstance(masks.dtype, types.Integer) and masks.dtype.bitwidth >= 16):
         return None
     sig = types.void(part, a0, x, x0, g, g0, toffs, masks, ntaps, KW, nvec, v0, v1)
 
