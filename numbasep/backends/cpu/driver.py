@@ -881,9 +881,8 @@ def _in_place_filter_gradient(plan):
     kh, kw, c = plan.kernel[1], plan.kernel[2], plan.channels
     chunks = kernels.partial_chunks(plan.batch, kh * kw * c)
     masks = inplace.masks(plan.in_sizes[1], plan.in_sizes[2], plan.out_sizes[1],
-                                plan.out_sizes[2], kh, kw, plan.dilations[1],
-                                plan.dilations[2], plan.pads[1], plan.pads[2],
-                                dtypes.accumulator(plan.dtype).itemsize)
+                          plan.out_sizes[2], kh, kw, plan.dilations[1], plan.dilations[2],
+                          plan.pads[1], plan.pads[2], dtypes.accumulator(plan.dtype).itemsize)
     return _Launch(inplace.backprop_filter,
                    (_plane_shape(plan, plan.in_sizes), _plane_shape(plan, plan.out_sizes),
                     (chunks, kh, kw, c), (chunks, 1, kh, kw, c, 1)),

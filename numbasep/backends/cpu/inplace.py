@@ -83,8 +83,9 @@ def backprop_filter(grp, groups, x, dy, parts, bits, toffs, v0, v1, CB):
     chunk p, for ``x[N, C, H, W]``, ``dy[N, C, OH, OW]`` (float32 or float64, or
     both 16-bit bit patterns with float32 ``parts``) and the lane masks and tap
     offsets of :func:`masks` (and its range of vectors read without masks); jobs
-    of ``CB`` channels (:func:`block`). Chunks depend on the problem only and each sum
-    runs in a fixed order, so the result does not depend on the thread count."""
+    of ``CB`` channels (:func:`block`). Chunks depend on the problem only and
+    each sum runs in a fixed order, so the result does not depend on the thread
+    count."""
     N, C, H, W = x.shape
     OH, OW = dy.shape[2], dy.shape[3]
     P, KT = parts.shape[0], toffs.shape[0]
