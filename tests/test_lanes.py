@@ -450,6 +450,47 @@ def test_filter_gradient_independent_of_thread_count():
     assert any(seen) and len(got) == 1
 
 
+def _images_past_prefetch(image_bytes):
+    """Images enough that operands of ``image_bytes`` an image pass
+    ``lanes._PREFETCH_BYTES`` (the host's), with parts that cross images."""
+    return lanes._PREFETCH_BYTES // image_bytes + 2
+
+
+@pytest.mark.parametrize("k, stride", [(3, 1), (3, 2), (5, 1)])
+def test_forward_of_operands_from_memory(monkeypatch, k, stride):
+    """Operands above ``lanes._PREFETCH_BYTES``: the forward asks for each job's
+    next input rows ahead where the host's prefetchers want it
+    (``lanes._PREFETCH_FORWARD``; parts that cross from one image to the next,
+    windows that reach into the padding, strides 1 and 2); the float64 sums,
+    within float32 rounding."""
+    ran = []
+    real = driver._launch
+    monkeypatch.setattr(driver, "_launch", lambda kern, *a: (ran.append(kern), real(kern, *a)))
+    rng = np.random.default_rng(k + stride)
+    size, c = 40, 128
+    out = -(-size // stride)
+    n = _images_past_prefetch((size * size + out * out) * c * 4)
+    x = numbasep.empty_aligned((n, size, size, c))
+    x[...] = rng.uniform(-1, 1, x.shape)
+    w = rng.uniform(-1, 1, (k, k, c, 1)).astype(np.float32)
+    # an unaligned result: the plain kernel, not the streaming one
+    got = numbasep.empty_aligned(n * out * out * c + 4)[4:].reshape(n, out, out, c)
+    F(x, w, [1, stride, stride, 1], "SAME", out=got)
+    assert x.nbytes + got.nbytes > lanes._PREFETCH_BYTES
+    assert ran == [lanes.kernels(k, k).forward]
+    before = max((out - 1) * stride + k - size, 0) // 2
+    xp = np.zeros((n, size + 2 * k, size + 2 * k, c))
+    xp[:, before:before + size, before:before + size] = x
+    want = np.zeros(got.shape)
+    bound = np.zeros(got.shape)
+    for i in range(k):
+        for j in range(k):
+            terms = xp[:, i:i + stride * out:stride, j:j + stride * out:stride] * w[i, j, :, 0]
+            want += terms
+            bound += np.abs(terms)
+    assert np.all(np.abs(got - want) <= 1e-5 * bound)
+
+
 @pytest.mark.parametrize("stride", [1, 2])
 def test_filter_gradient_of_operands_from_memory(monkeypatch, stride):
     """Operands above ``lanes._PREFETCH_BYTES``: the filter gradient asks for
@@ -460,10 +501,11 @@ def test_filter_gradient_of_operands_from_memory(monkeypatch, stride):
     real = driver._launch
     monkeypatch.setattr(driver, "_launch", lambda kern, *a: (ran.append(kern), real(kern, *a)))
     rng = np.random.default_rng(stride)
-    n, size, c, k = 72, 40, 128, 3
+    size, c, k = 40, 128, 3
+    out = -(-size // stride)
+    n = _images_past_prefetch((size * size + out * out) * c * 4)
     x = numbasep.empty_aligned((n, size, size, c))
     x[...] = rng.uniform(-1, 1, x.shape)
-    out = -(-size // stride)
     dy = numbasep.empty_aligned((n, out, out, c))
     dy[...] = rng.uniform(-1, 1, dy.shape)
     assert x.nbytes + dy.nbytes > lanes._PREFETCH_BYTES
@@ -481,16 +523,19 @@ def test_filter_gradient_of_operands_from_memory(monkeypatch, stride):
             assert np.all(np.abs(got[i, j, :, 0] - want) <= bound), (i, j)
 
 
-def test_input_gradient_of_operands_from_memory(monkeypatch):
-    """Operands above ``lanes._PREFETCH_BYTES`` and a 5x5 window: the stride-1
-    input gradient asks for each job's next output-gradient row ahead (parts that
-    cross from one image to the next, rows whose window reaches into the
-    padding); the float64 sums, within float32 rounding."""
+@pytest.mark.parametrize("k", [3, 5])
+def test_input_gradient_of_operands_from_memory(monkeypatch, k):
+    """Operands above ``lanes._PREFETCH_BYTES``: the stride-1 input gradient asks
+    for each job's next output-gradient row ahead, with windows of at least
+    ``lanes._PREFETCH_INPUT_ROWS`` rows (parts that cross from one image to the
+    next, rows whose window reaches into the padding); the float64 sums, within
+    float32 rounding."""
     ran = []
     real = driver._launch
     monkeypatch.setattr(driver, "_launch", lambda kern, *a: (ran.append(kern), real(kern, *a)))
     rng = np.random.default_rng(7)
-    n, size, c, k = 36, 40, 160, 5
+    size, c = 40, 160
+    n = _images_past_prefetch(2 * size * size * c * 4)
     w = rng.uniform(-1, 1, (k, k, c, 1)).astype(np.float32)
     dy = numbasep.empty_aligned((n, size, size, c))
     dy[...] = rng.uniform(-1, 1, dy.shape)
@@ -499,9 +544,10 @@ def test_input_gradient_of_operands_from_memory(monkeypatch):
     got = numbasep.empty_aligned(dy.size + 4)[4:].reshape(dy.shape)
     BI([n, size, size, c], w, dy, [1, 1, 1, 1], "SAME", out=got)
     assert ran == [lanes.kernels(k, k).backprop_input]
-    # dx[ih, iw] = sum over taps of w[i, j] * dy[ih + 2 - i, iw + 2 - j] (SAME: 2 each side)
+    # dx[ih, iw] = sum over taps of w[i, j] * dy[ih + p - i, iw + p - j] (SAME: p each side)
+    p = k // 2
     dyp = np.zeros((n, size + k - 1, size + k - 1, c))
-    dyp[:, 2:2 + size, 2:2 + size] = dy
+    dyp[:, p:p + size, p:p + size] = dy
     want = np.zeros(dy.shape)
     bound = np.zeros(dy.shape)
     for i in range(k):

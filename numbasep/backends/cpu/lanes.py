@@ -53,6 +53,7 @@ from .kernels import _split
 from .simd import BLOCK as _BLOCK
 from .simd import GROUPS as _GROUPS
 from .simd import WIDE as _WIDE
+from .simd import ZEN as _ZEN
 from .simd import dots_rows as _dots_rows
 from .simd import dots_window as _dots_window
 from .simd import pointwise_rows as _pointwise_rows
@@ -320,26 +321,42 @@ def _forward_row(dst, d0, xf, wt, job, H, W, CI, C, OH, OW, KH, KW, sh, sw, rh, 
                W * rh * C, rw * C, wt, (k0 * KW + j0) * C, KW * C, C, C, k1 - k0, j1 - j0, NT)
 
 
-# Operands (bytes, input and output gradient together) from which the filter
-# gradient (and the input gradient, below) asks for each job's next rows ahead
-# (:func:`_prefetch_next`): from memory the hardware prefetchers, following a
-# few elements of each of several rows at a time, leave the cores waiting. 2
-# threads, float32, 3x3 unless said, without / with: N=32 112x112x32 (103 MB)
-# 5.6-6.0 / 3.6-4.0 ms; 56x56x144 (115 MB) 6.5-6.8 / 4.3-4.4; 112x112x96 stride
-# 2 (193 MB) 10.7 / 8.2-8.3; 56x56x96 7x7 (77 MB) 9.0-9.4 / 6.3; N=24 56x56x144
+# Operands (bytes, data and result together) from which the kernels ask for
+# each job's next rows ahead (:func:`_prefetch_next`): from memory the hardware
+# prefetchers, following a few elements of each of several rows at a time,
+# leave the cores waiting. Long rows (in chunks) are left out: N=32 147x147x128
+# 48-49 / 51-52 ms (Intel, without / with).
+#
+# Intel Xeon (AVX-512): the filter gradient asks, and the stride-1 input
+# gradient with windows of 5 or more rows; 64 MB. 2 threads, float32, 3x3
+# unless said, without / with (ms): filter gradient N=32 112x112x32 (103 MB)
+# 5.6-6.0 / 3.6-4.0; 56x56x144 (115 MB) 6.5-6.8 / 4.3-4.4; 112x112x96 stride 2
+# (193 MB) 10.7 / 8.2-8.3; 56x56x96 7x7 (77 MB) 9.0-9.4 / 6.3; N=24 56x56x144
 # (87 MB) 2.8-2.9 both. Below, the rows are mostly in the cache and the
 # requests cost more than they bring: N=16 56x56x144 (58 MB) 1.37 / 1.86; N=32
 # 28x28x240 5x5 (48 MB) 2.3 / 2.6-2.7; N=16 56x56x96 7x7 (38 MB) 2.8 / 3.0; N=8
-# 112x112x32 0.78 / 0.90. Long rows (in chunks) are left out: N=32 147x147x128
-# 48-49 / 51-52 ms.
+# 112x112x32 0.78 / 0.90. Input gradient N=32 56x56x96 7x7 (77 MB) 10.4-10.9 /
+# 5.7-5.9, N=48 56x56x72 5x5 (87 MB) 7.7-7.9 / 6.2-6.6; with 3x3 windows the
+# hardware kept up: N=32 112x112x32 (103 MB) 3.5-3.6 / 3.8-3.9, and so did the
+# forward's (3.2-3.4 / 3.7).
 #
-# The stride-1 input gradient makes the same requests for its output-gradient
-# rows with windows of 5 or more rows, which read as many rows at a time: N=32
-# 56x56x96 7x7 (77 MB) 10.4-10.9 / 5.7-5.9 ms, N=48 56x56x72 5x5 (87 MB)
-# 7.7-7.9 / 6.2-6.6. With 3x3 windows the hardware keeps up: N=32 112x112x32
-# (103 MB) 3.5-3.6 / 3.8-3.9 ms. So does the forward's (112x112x32: 3.2-3.4 /
-# 3.7).
-_PREFETCH_BYTES = 64 << 20
+# AMD Zen 4 (``simd.ZEN``): all three ops ask, every window, from 16 MB. 2
+# threads, float32, NHWC, without / with, alternating processes, medians of 4
+# (ms). Forward: N=32 56x56x144 6.97 / 5.82, 28x28x192 2.21 / 1.67, 28x28x240
+# 5x5 4.20 / 3.55, 56x56x96 7x7 9.58 / 8.50, 56x56x72 5x5 stride 2 2.58 / 2.24,
+# 14x14x576 1.23 / 1.13, 19x19x728 3.73 / 3.43, 112x112x32 and 112x112x96
+# stride 2 even; N=8 56x56x144 (29 MB) 1.44 / 0.97, 56x56x96 7x7 (19 MB) 1.89 /
+# 1.53, 19x19x728 (17 MB) 0.49 / 0.43, 112x112x32 (26 MB) 0.70 / 0.78. Input
+# and filter gradient: N=32 56x56x144 5.32 / 4.94 and 6.66 / 6.70, 14x14x576
+# 1.09 / 0.93 and 2.20 / 1.18, 28x28x192 2.11 / 2.14 and 2.23 / 2.06; N=8
+# 56x56x144 1.12 / 0.92 and 1.19 / 0.83, 19x19x728 0.42 / 0.44 and 0.74 / 0.63.
+# Below 16 MB the forward lost: N=4 56x56x144 (14 MB) 0.30 / 0.33, N=32 7x7x960
+# (12 MB) 0.29 / 0.30, N=8 28x28x192 (10 MB) 0.21 / 0.23.
+_PREFETCH_BYTES = (16 if _ZEN else 64) << 20
+# The windows (rows) from which the stride-1 input gradient asks, and whether
+# the forward does.
+_PREFETCH_INPUT_ROWS = 1 if _ZEN else 5
+_PREFETCH_FORWARD = _ZEN
 
 
 @njit(inline="always")
@@ -434,7 +451,12 @@ def _build(KH, KW, NT, M):
         wt = w.reshape(w.size)
         xf = x.reshape(N * D * H * W * CI)
         yf = y.reshape(N * OD * OH * OW * C)
-        for job in range(*_part(part, parts, N * OH)):
+        jobs = N * OH
+        ahead = (_PREFETCH_FORWARD and OW * C <= _LONG_ROW
+                 and x.size * x.itemsize + y.size * y.itemsize > _PREFETCH_BYTES)
+        for job in range(*_part(part, parts, jobs)):
+            if ahead:
+                _prefetch_next(xf, job, jobs, OH, sh, -ph, (KH - 1) * rh, H, W * CI)
             _forward_row(yf, job * OW * C, xf, wt, job, H, W, CI, C, OH, OW, KH, KW, sh, sw,
                          rh, rw, ph, pw, lo, hi, edges, NT, M)
         if NT:
@@ -490,8 +512,8 @@ def _build(KH, KW, NT, M):
         dyf = dy.reshape(N * OD * OH * OW * C)
         dxf = dx.reshape(N * D * H * W * CI)
         jobs = N * H
-        ahead = (KH >= 5 and dy.size * dy.itemsize + dx.size * dx.itemsize > _PREFETCH_BYTES
-                 and OW * C <= _LONG_ROW)
+        ahead = (KH >= _PREFETCH_INPUT_ROWS and OW * C <= _LONG_ROW
+                 and dy.size * dy.itemsize + dx.size * dx.itemsize > _PREFETCH_BYTES)
         rep = np.empty(W * C if M > 1 else 0, np.float32)
         for job in range(*_part(part, parts, jobs)):
             if ahead:

@@ -519,6 +519,20 @@ _REPEATS = REPEATS
 STREAMS = platform.machine().lower() in ("x86_64", "amd64")
 
 
+def _zen():
+    """Whether the host is an AMD Zen core (LLVM's ``znver*``), whose hardware
+    prefetchers leave more of the kernels' row reads to software requests than
+    the Intel cores' (``lanes._PREFETCH_BYTES``)."""
+    try:
+        return llb.get_host_cpu_name().startswith("znver")
+    except Exception:  # pragma: no cover (no host name)
+        return False
+
+
+#: The host is an AMD Zen core.
+ZEN = _zen()
+
+
 def _by_channels(make, offsets, channels_at, repeated, grouped, doc):
     """One intrinsic from the factory ``make(width)`` of typing functions whose
     argument ``channels_at`` counts channel groups of ``width`` lanes: it takes a
