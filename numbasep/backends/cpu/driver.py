@@ -429,12 +429,22 @@ class _Launch:
 
 # Results larger than this (bytes) are written with non-temporal stores by the
 # lane kernels: they would not stay in the caches, and a plain store reads each
-# line before writing it. 2 threads, 64-byte-aligned arrays, plain /
+# line before writing it. Intel Xeon, 2 threads, 64-byte-aligned arrays, plain /
 # non-temporal, forward and input gradient: 32x56x56x144 3.9-4.0 / 2.5-2.6 ms
 # (58 MB results), 32x112x112x32 3.3 / 2.8 (51 MB); smaller results were slower
 # written so: 32x28x28x192 (19 MB) 0.88-0.93 / 1.06-1.10, 8x112x112x32 (13 MB)
-# 0.64-0.69 / 0.71-0.75, 8x56x56x144 (14 MB) even.
-_STREAM_BYTES = 32 << 20
+# 0.64-0.69 / 0.71-0.75, 8x56x56x144 (14 MB) even. On AMD Zen 4 (``simd.ZEN``)
+# results from 8 MB gain, NHWC, the two alternating in one process, medians of
+# 9 rounds, forward / input gradient, 32 MB -> 8 MB limit (ms): 8x56x56x144
+# (14 MB) 1.31 -> 0.95 / 1.36 -> 0.79; 8x112x112x32 (13 MB) 0.95 -> 0.66 / 1.02
+# -> 0.69; 32x28x28x192 (19 MB) 2.16 -> 1.48 / 2.19 -> 1.35; 16x56x56x144 (29
+# MB) 4.03 -> 3.39 / 3.77 -> 2.79; 32x14x14x384 (10 MB) 0.58 -> 0.52 / 0.66 ->
+# 0.51; 8x56x56x96 7x7 (10 MB, 1 MB limit) 1.94 -> 1.75 / 2.14 -> 1.84; the
+# strided 8x56x56x144 input gradient (14 MB) 1.00 -> 0.66. Smaller results lose
+# (1 MB limit): 32x7x7x960 (6 MB) 0.28 -> 0.31 / 0.29 -> 0.32, 8x28x28x192 (5
+# MB) 0.23 -> 0.26, 4x112x112x32 (6 MB) forward 0.31 -> 0.32; 8x19x19x728 (8
+# MB) even.
+_STREAM_BYTES = (8 if simd.ZEN else 32) << 20
 
 
 def _streaming(plan, name, res_shape, channels):
