@@ -351,7 +351,12 @@ def _forward_row(dst, d0, xf, wt, job, H, W, CI, C, OH, OW, KH, KW, sh, sw, rh, 
 # 1.09 / 0.93 and 2.20 / 1.18, 28x28x192 2.11 / 2.14 and 2.23 / 2.06; N=8
 # 56x56x144 1.12 / 0.92 and 1.19 / 0.83, 19x19x728 0.42 / 0.44 and 0.74 / 0.63.
 # Below 16 MB the forward lost: N=4 56x56x144 (14 MB) 0.30 / 0.33, N=32 7x7x960
-# (12 MB) 0.29 / 0.30, N=8 28x28x192 (10 MB) 0.21 / 0.23.
+# (12 MB) 0.29 / 0.30, N=8 28x28x192 (10 MB) 0.21 / 0.23. With results streamed
+# from 8 MB (``driver._STREAM_BYTES``) the requests still paid, without / with
+# in one process, medians of 9 (a slower hour of this VM): N=32 56x56x144
+# forward 12.2 / 9.3, input gradient 8.4 / 7.8; 28x28x192 3.76 / 2.60 and 3.41
+# / 2.45; N=8 56x56x96 7x7 forward 1.67 / 1.58; N=8 112x112x32 and N=32
+# 14x14x384 even.
 _PREFETCH_BYTES = (16 if _ZEN else 64) << 20
 # The windows (rows) from which the stride-1 input gradient asks, and whether
 # the forward does.
