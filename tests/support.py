@@ -24,8 +24,8 @@ def record_routing(monkeypatch, name):
     seen = []
     real = getattr(driver, name)
 
-    def spy(plan):
-        ok = real(plan)
+    def spy(plan, *args):
+        ok = real(plan, *args)
         seen.append(ok)
         return ok
     monkeypatch.setattr(driver, name, spy)

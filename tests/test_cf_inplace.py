@@ -2,11 +2,13 @@
 
 They take channels-first stride-1 problems whose output rows are as long as the
 input's, reading each tap's pixels at a fixed offset from the output pixel and
-leaving out, by lane masks, the pixels whose tap lies outside the map. The
-tests aim at what is theirs: the masks (against a loop over pixels), the row
-wraps and the padding they leave out (an Inf or NaN there must not make a NaN),
-planes cut at every lane remainder, chunks of images, 16-bit bit patterns, and
-which problems they take.
+leaving out, by lane masks, the pixels whose tap lies outside the map: the
+filter gradient, and the forward and input gradient (one kernel, the input
+gradient through the masks of the adjoint's geometry). The tests aim at what is
+theirs: the masks (against a loop over pixels), the row wraps and the padding
+they leave out (an Inf or NaN there must not make a NaN), planes cut at every
+lane remainder and written no further, chunks of images, 16-bit bit patterns,
+and which problems they take.
 """
 
 import ml_dtypes
@@ -21,18 +23,41 @@ import reference as R
 import support
 
 F = numbasep.depthwise_conv2d_native
+BI = numbasep.depthwise_conv2d_native_backprop_input
 BF = numbasep.depthwise_conv2d_native_backprop_filter
 
 
 def _spy(monkeypatch, everywhere=True):
-    """Record which filter gradients the in-place kernels took; ``everywhere``:
-    also the small maps in the caches that the tiles keep otherwise, and windows
-    of more than 9 taps (several groups of taps)."""
+    """Record which problems the in-place kernels took: (filter gradients, and
+    (adjoint, taken) of the forwards and input gradients); ``everywhere``: also
+    the small maps in the caches that the tiles keep otherwise, and filter
+    gradients of more than 9 taps (several groups of taps)."""
     if everywhere:
         monkeypatch.setattr(driver, "_IN_PLACE_PIXELS", 0)
         monkeypatch.setattr(driver, "_IN_PLACE_BYTES", 0)
+        monkeypatch.setattr(driver, "_IN_PLACE_CORRELATION_BYTES", 0)
         monkeypatch.setattr(driver, "_IN_PLACE_TAPS", 49)
-    return support.record_routing(monkeypatch, "_in_place")
+    filters = support.record_routing(monkeypatch, "_in_place")
+    correlations = []
+    real = driver._in_place_correlation
+
+    def spy(plan, adjoint):
+        correlations.append((adjoint, real(plan, adjoint)))
+        return correlations[-1][1]
+    monkeypatch.setattr(driver, "_in_place_correlation", spy)
+    return filters, correlations
+
+
+def _all_three_taken(filters, correlations):
+    return (True in filters and (False, True) in correlations
+            and (True, True) in correlations)
+
+
+def _nhwc(attrs):
+    """The channels-last attributes of the channels-first ``attrs``."""
+    pads = attrs.get("explicit_paddings", [])
+    return dict(attrs, data_format="NHWC", dilations=[1, *attrs["dilations"][2:], 1],
+                explicit_paddings=pads and [0, 0] + pads[4:] + [0, 0])
 
 
 @st.composite
@@ -60,42 +85,47 @@ def same_row_problems(draw):
 
 @settings(max_examples=60, deadline=None)
 @given(same_row_problems(), st.sampled_from([np.float32, np.float64]))
-def test_filter_gradient_matches_the_reference(problem, dtype):
+def test_three_ops_match_the_reference(problem, dtype):
     xs, fs, attrs = problem
     with pytest.MonkeyPatch.context() as patch:
         seen = _spy(patch)
         support.assert_three_ops_match_the_reference(xs, fs, attrs, dtype)
-    assert True in seen
+    assert _all_three_taken(*seen)
 
 
 @settings(max_examples=40, deadline=None)
-@given(same_row_problems(), st.sampled_from(["x", "dy"]), st.sampled_from([np.inf, np.nan]),
-       st.integers(0, 10**6))
+@given(same_row_problems(), st.sampled_from(["x", "dy", "w"]),
+       st.sampled_from([np.inf, np.nan]), st.integers(0, 10**6))
 def test_non_finite_values_next_to_the_padding_stay_where_they_belong(problem, where, value,
                                                                        at):
-    """An Inf or NaN in x or dy: NaN and Inf where the channels-last kernels (which
-    never multiply the padding) have them, and no NaN from the padding or a row's
-    wrap."""
+    """An Inf or NaN in x, dy or a tap of the filter: in all three ops, NaN and
+    Inf where the channels-last kernels (which never multiply the padding) have
+    them, and no NaN from the padding or a row's wrap."""
     xs, fs, attrs = problem
     rng = np.random.default_rng(at)
     x = rng.standard_normal(xs).astype(np.float32)
     w = rng.standard_normal(fs).astype(np.float32)
     dy = rng.standard_normal(F(x, w, **attrs).shape).astype(np.float32)
-    target = x if where == "x" else dy
-    # a border pixel, where the window's taps reach into the padding or wrap
-    n, c = at % xs[0], at % xs[1]
-    oh = (at // 7) % target.shape[2]
-    ow = 0 if at % 2 else target.shape[3] - 1
-    target[n, c, oh, ow] = value
+    if where == "w":
+        # a corner tap, which the border pixels leave out
+        w[(at % 2) * (fs[0] - 1), (at // 2 % 2) * (fs[1] - 1), at % xs[1], 0] = value
+    else:
+        target = x if where == "x" else dy
+        # a border pixel, where the window's taps reach into the padding or wrap
+        n, c = at % xs[0], at % xs[1]
+        oh = (at // 7) % target.shape[2]
+        ow = 0 if at % 2 else target.shape[3] - 1
+        target[n, c, oh, ow] = value
     with pytest.MonkeyPatch.context() as patch:
         seen = _spy(patch)
-        got = BF(x, list(fs), dy, **attrs)
-    assert True in seen
-    pads = attrs["explicit_paddings"]
-    last = dict(attrs, data_format="NHWC", dilations=[1, *attrs["dilations"][2:], 1],
-                explicit_paddings=pads and [0, 0] + pads[4:] + [0, 0])
-    want = BF(np.moveaxis(x, 1, -1), list(fs), np.moveaxis(dy, 1, -1), **last)
-    support.assert_same_non_finite_pattern([(got, want)])
+        got = [F(x, w, **attrs), BI(list(xs), w, dy, **attrs), BF(x, list(fs), dy, **attrs)]
+    assert _all_three_taken(*seen)
+    last = _nhwc(attrs)
+    xl, dyl = np.moveaxis(x, 1, -1), np.moveaxis(dy, 1, -1)
+    want = [np.moveaxis(F(xl, w, **last), -1, 1),
+            np.moveaxis(BI(list(xl.shape), w, dyl, **last), -1, 1),
+            BF(xl, list(fs), dyl, **last)]
+    support.assert_same_non_finite_pattern(list(zip(got, want)))
 
 
 @pytest.mark.parametrize("itemsize", [4, 8])
@@ -139,28 +169,35 @@ def test_masks_say_which_pixels_each_tap_reads_inside_the_map(itemsize, geometry
 
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
 def test_16_bit_operands_are_read_as_their_bits(monkeypatch, dtype):
-    """float16 and bfloat16 x and dy read in place (widened as loaded), against the
-    reference on the same values; planes of 49 and 196 pixels cut vectors short."""
-    seen = _spy(monkeypatch)
+    """float16 and bfloat16 x, w and dy read in place (widened as loaded), and the
+    forward's and input gradient's results written as bits (rounded as stored),
+    against the reference on the same values; planes of 49 and 196 pixels cut
+    vectors short."""
+    filters, correlations = _spy(monkeypatch)
     rng = np.random.default_rng(3)
+    attrs = dict(strides=[1, 1, 1, 1], padding="SAME", data_format="NCHW")
+    tol = 2e-2 if dtype == np.float16 else 2e-1
     for xs, k in (((3, 19, 7, 7), 3), ((2, 5, 14, 14), 5)):
         x = rng.standard_normal(xs).astype(dtype)
+        w = rng.standard_normal((k, k, xs[1], 1)).astype(dtype)
         dy = rng.standard_normal(xs).astype(dtype)
-        got = BF(x, [k, k, xs[1], 1], dy, [1, 1, 1, 1], "SAME", data_format="NCHW")
-        assert got.dtype == dtype
-        want = R.raw_backprop_filter(x.astype(np.float64), [k, k, xs[1], 1],
-                                     dy.astype(np.float64), strides=[1, 1, 1, 1],
-                                     padding="SAME", data_format="NCHW")
-        tol = 2e-2 if dtype == np.float16 else 2e-1
-        np.testing.assert_allclose(got.astype(np.float64), want, rtol=0,
-                                   atol=tol * np.abs(want).max())
-    assert seen and all(seen)
+        x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
+        for got, want in ((F(x, w, **attrs), R.raw_forward(x64, w64, **attrs)),
+                          (BI(list(xs), w, dy, **attrs),
+                           R.raw_backprop_input(list(xs), w64, dy64, **attrs)),
+                          (BF(x, list(w.shape), dy, **attrs),
+                           R.raw_backprop_filter(x64, list(w.shape), dy64, **attrs))):
+            assert got.dtype == dtype
+            np.testing.assert_allclose(got.astype(np.float64), want, rtol=0,
+                                       atol=tol * np.abs(want).max())
+    assert filters and all(filters)
+    assert sorted(set(correlations)) == [(False, True), (True, True)]
 
 
 def test_filter_gradient_independent_of_thread_count(monkeypatch):
     """Chunks of images depend on the problem only: 1 thread and all give the same
     bits (70 images: several chunks; 1 image: jobs of one channel)."""
-    seen = _spy(monkeypatch)
+    seen, _ = _spy(monkeypatch)
     rng = np.random.default_rng(5)
     for n, c in ((70, 13), (1, 40)):
         x, dy = rng.standard_normal((2, n, c, 15, 12)).astype(np.float32)
@@ -173,7 +210,7 @@ def test_filter_gradient_independent_of_thread_count(monkeypatch):
 def test_which_problems_they_take(monkeypatch):
     """Stride 1 with output rows as long as the input's, on what the plane kernels
     take; not strided or VALID problems, channels-last ones or depth multipliers."""
-    seen = _spy(monkeypatch)
+    seen, correlations = _spy(monkeypatch)
     x = np.ones((2, 3, 9, 9), np.float32)
     w = np.ones((3, 3, 3, 1), np.float32)
     cases = [(dict(strides=[1, 1, 1, 1], padding="SAME"), True),
@@ -184,26 +221,45 @@ def test_which_problems_they_take(monkeypatch):
     for attrs, taken in cases:
         seen.clear()
         dy = np.ones(F(x, w, data_format="NCHW", **attrs).shape, np.float32)
+        correlations.clear()
         BF(x, [3, 3, 3, 1], dy, data_format="NCHW", **attrs)
+        F(x, w, data_format="NCHW", **attrs)
+        BI(list(x.shape), w, dy, data_format="NCHW", **attrs)
         assert seen[-1] is taken, attrs
+        assert correlations == [(False, taken), (True, taken)], attrs
     seen.clear()
-    BF(np.ones((2, 9, 9, 3), np.float32), [3, 3, 3, 1], np.ones((2, 9, 9, 3), np.float32),
-       [1, 1, 1, 1], "SAME")
-    assert True not in seen
+    correlations.clear()
+    x = np.ones((2, 9, 9, 3), np.float32)
+    BF(x, [3, 3, 3, 1], x, [1, 1, 1, 1], "SAME")
+    F(x, w, [1, 1, 1, 1], "SAME")
+    BI(list(x.shape), w, x, [1, 1, 1, 1], "SAME")
+    F(np.ones((2, 3, 9, 9), np.float32), np.ones((3, 3, 3, 2), np.float32), [1, 1, 1, 1],
+      "SAME", data_format="NCHW")
+    assert True not in seen and (False, True) not in correlations
 
 
 def test_small_maps_in_the_caches_stay_on_the_tiles(monkeypatch):
     """Without the test's thresholds: maps the tiles take stay there unless they
-    are at least 14 x 14 and their data at least 24 MB; larger maps read in place,
-    but not for windows of more than 9 taps."""
-    seen = _spy(monkeypatch, everywhere=False)
+    are at least 14 x 14 and their data at least 24 MB (filter gradients) or 16 MB
+    (forwards and input gradients); larger maps read in place, but not for
+    filter gradients of more than 9 taps or other ops' of more than 49."""
+    seen, correlations = _spy(monkeypatch, everywhere=False)
     attrs = dict(strides=[1, 1, 1, 1], padding="SAME", data_format="NCHW")
-    for shape, k, taken in (((2, 3, 9, 9), 3, False), ((1, 2, 14, 14), 3, False),
-                            ((1, 2, 64, 64), 3, True), ((1, 2, 64, 64), 5, False)):
+    for shape, k, taken, correlated in (((2, 3, 9, 9), 3, False, False),
+                                        ((1, 2, 14, 14), 3, False, False),
+                                        ((1, 2, 64, 64), 3, True, True),
+                                        ((1, 2, 64, 64), 5, False, True),
+                                        ((1, 2, 64, 64), 9, False, False)):
         x = np.ones(shape, np.float32)
-        BF(x, [k, k, shape[1], 1], x, **attrs)
+        w = np.ones((k, k, shape[1], 1), np.float32)
+        correlations.clear()
+        BF(x, list(w.shape), x, **attrs)
+        F(x, w, **attrs)
+        BI(list(shape), w, x, **attrs)
         assert seen[-1] is taken, (shape, k)
+        assert correlations == [(False, correlated), (True, correlated)], (shape, k)
     assert driver._IN_PLACE_PIXELS == 196 and driver._IN_PLACE_BYTES == 24 << 20
+    assert driver._IN_PLACE_CORRELATION_BYTES == 16 << 20 and driver._IN_PLACE_WINDOW == 49
 
 
 @pytest.mark.parametrize("CB", [1, 5, 64])
@@ -225,3 +281,32 @@ def test_jobs_of_any_block_and_chunk_sum_every_plane_once(CB, P):
                                      dy[n0:n1].astype(np.float64), **attrs)
         np.testing.assert_allclose(parts[p], want[..., 0], rtol=0, atol=1e-4)
     assert inplace.block(1, 32) == 1 and inplace.block(32, 960) == inplace.BLOCK
+
+
+@pytest.mark.parametrize("adjoint", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_correlate_writes_each_plane_once_and_nothing_around_them(adjoint, dtype):
+    """The forward and input-gradient kernel itself, on 7 planes of 13 x 11 pixels
+    (planes starting at every lane of a vector) with a 3 x 5 window dilated
+    across columns: every element of the result the reference's, and the
+    elements of the buffer before and after the result left as they were."""
+    rng = np.random.default_rng(int(adjoint) + dtype().itemsize)
+    N, C, H, W = 2, 7, 13, 11
+    x = rng.standard_normal((N, C, H, W)).astype(dtype)
+    w = rng.standard_normal((3, 5, C)).astype(dtype)
+    size = N * C * H * W
+    buf = np.full(size + 64, np.nan, dtype)
+    y = buf[32:32 + size].reshape(N, C, H, W)
+    make = inplace.adjoint_masks if adjoint else inplace.masks
+    # rows padded 2 / 0 and columns 4 / 4 (a reach of 8): output rows of 11
+    inplace.correlate(x, w, y, *make(H, W, H - 2 + 2, W, 3, 5, 1, 2, 2, 4, x.itemsize))
+    assert np.isnan(buf[:32]).all() and np.isnan(buf[32 + size:]).all()
+    attrs = dict(strides=[1, 1, 1, 1], padding="EXPLICIT", data_format="NCHW",
+                 explicit_paddings=[0, 0, 0, 0, 2, 0, 4, 4], dilations=[1, 1, 1, 2])
+    w64 = w.astype(np.float64)[..., None]
+    if adjoint:
+        want = R.raw_backprop_input([N, C, H, W], w64, x.astype(np.float64), **attrs)
+    else:
+        want = R.raw_forward(x.astype(np.float64), w64, **attrs)
+    assert want.shape == y.shape
+    np.testing.assert_allclose(y, want, rtol=0, atol=1e-5 if dtype == np.float32 else 1e-12)

@@ -5,7 +5,10 @@ general sweeps already run through them; the tests here aim at what is theirs:
 the phase split for strides and dilations, the padding and the extra columns they
 compute and drop (which must never turn an Inf into a NaN the operator does not
 have), the direct fallback, the fixed reduction order of the filter gradient, and
-depth multipliers (one copy of each input plane for its output planes).
+depth multipliers (one copy of each input plane for its output planes). The
+stride-1 forwards and input gradients whose output rows are as long as the
+input's read their planes in place instead (test_cf_inplace.py); here they stay
+on the plane kernels, which serve them where the in-place kernels do not.
 """
 
 import numpy as np
@@ -21,6 +24,14 @@ import support
 F = numbasep.depthwise_conv2d_native
 BI = numbasep.depthwise_conv2d_native_backprop_input
 BF = numbasep.depthwise_conv2d_native_backprop_filter
+
+
+@pytest.fixture(autouse=True)
+def _planes_not_in_place(monkeypatch):
+    """Keep the forwards and input gradients the in-place kernels would take on
+    the plane kernels (the routes are decided afresh where a test needs them)."""
+    monkeypatch.setattr(driver, "_in_place_correlation", lambda plan, adjoint: False)
+    support.route_afresh(monkeypatch)
 
 
 @st.composite

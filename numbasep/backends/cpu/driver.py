@@ -516,6 +516,8 @@ def _correlation(plan, adjoint):
     plan runs: a :class:`_Launch` taking (data, filter, result), or None when it
     runs channels-last between transposes."""
     data, res = (plan.out_sizes, plan.in_sizes) if adjoint else (plan.in_sizes, plan.out_sizes)
+    if _in_place_correlation(plan, adjoint):
+        return _in_place_correlation_launch(plan, adjoint)
     width = _tile_width(plan, adjoint)
     if width or _by_planes(plan):
         taps = (plan.kernel[1], plan.kernel[2], plan.channels)
@@ -851,12 +853,28 @@ def _multiplier_input_route(plan):
                               plan)
 
 
+def _same_rows(plan, taps):
+    """Whether the in-place kernels (:mod:`.inplace`) can take ``plan``: what the
+    plane kernels take, at stride 1, with output rows as long as the input's and
+    windows of up to ``taps`` taps."""
+    return (_by_planes(plan) and plan.strides[1:] == (1, 1)
+            and plan.out_sizes[2] == plan.in_sizes[2] and plan.kernel[1] * plan.kernel[2] <= taps)
+
+
+def _from_memory(plan, least):
+    """Whether ``plan``'s maps have at least ``_IN_PLACE_PIXELS`` pixels and its
+    input and output at least ``least`` bytes: where the in-place kernels beat
+    the tiles, which keep small maps in the caches."""
+    pixels = plan.in_sizes[1] * plan.in_sizes[2]
+    data = (math.prod(plan.input_shape) + math.prod(plan.output_shape)) * plan.dtype.itemsize
+    return pixels >= _IN_PLACE_PIXELS and data >= least
+
+
 def _in_place(plan):
     """Whether the channels-first filter gradient reads its planes in place
-    (:mod:`.inplace`): what the plane kernels take, at stride 1 with output rows
-    as long as the input's, windows of up to ``_IN_PLACE_TAPS`` taps, and where
-    the tiles would take it, maps of at least ``_IN_PLACE_PIXELS`` pixels whose
-    input and output gradient take at least ``_IN_PLACE_BYTES``.
+    (:mod:`.inplace`): :func:`_same_rows` with windows of up to
+    ``_IN_PLACE_TAPS`` taps, and where the tiles would take it,
+    :func:`_from_memory` from ``_IN_PLACE_BYTES``.
 
     2 threads, AMD Zen 4, NCHW filter gradient, in place / the kernels before
     (tiles or planes), medians of 7 alternating rounds (ms): N=32 56x56x144
@@ -870,20 +888,58 @@ def _in_place(plan):
     5x5 and 7x7 windows (N=8 56x56x96 7x7 3.42 / 3.21, 14x14x672 5x5 1.38 /
     0.62): a tap's unaligned loads, one per multiply-add, cost more than the
     copies they spare there."""
-    if not (_by_planes(plan) and plan.strides[1:] == (1, 1)
-            and plan.out_sizes[2] == plan.in_sizes[2]
-            and plan.kernel[1] * plan.kernel[2] <= _IN_PLACE_TAPS):
+    if not _same_rows(plan, _IN_PLACE_TAPS):
         return False
-    if not _tile_width(plan):
-        return True
-    pixels = plan.in_sizes[1] * plan.in_sizes[2]
-    data = (math.prod(plan.input_shape) + math.prod(plan.output_shape)) * plan.dtype.itemsize
-    return pixels >= _IN_PLACE_PIXELS and data >= _IN_PLACE_BYTES
+    return not _tile_width(plan) or _from_memory(plan, _IN_PLACE_BYTES)
 
 
 _IN_PLACE_TAPS = 9
 _IN_PLACE_PIXELS = 196
 _IN_PLACE_BYTES = 24 << 20
+
+
+def _in_place_correlation(plan, adjoint):
+    """Whether the channels-first forward (or, ``adjoint``, the input gradient)
+    reads its planes in place (:func:`inplace.correlate`): :func:`_same_rows`
+    with windows of up to ``_IN_PLACE_WINDOW`` taps, and where the tiles would
+    take it, :func:`_from_memory` from ``_IN_PLACE_CORRELATION_BYTES``.
+
+    Unlike the filter gradient's, each of its multiply-adds loads one operand
+    (the tap's weight stays in a register), and it beats the planes on every
+    window. 2 threads, AMD Zen 4, NCHW float32, in place / the kernels before,
+    forward then input gradient, medians of 7 rounds alternating in one process
+    (ms). On the planes: N=32 56x56x144 3.65 / 7.75, 3.58 / 7.41; 112x112x32
+    3.19 / 6.33, 3.23 / 6.70; 28x28x192 1.35 / 1.83, 1.36 / 2.00; N=8 56x56x144
+    1.50 / 2.30, 0.95 / 1.82 (float16 0.75 / 1.14, 1.00 / 1.45; bfloat16 0.89 /
+    1.19, 0.88 / 1.25; float64 1.85 / 3.49, 1.87 / 3.57); 147x147x128 5.68 /
+    11.29, 5.85 / 11.63; 56x56x96 7x7 2.81 / 3.00, 2.84 / 3.27; N=1 56x56x144
+    0.131 / 0.146, 0.127 / 0.155. Where the tiles take it, from memory: N=32
+    19x19x728 2.56 / 4.87, 2.53 / 4.92; 14x14x576 1.65 / 2.55, 1.26 / 2.42;
+    14x14x384 0.76 / 0.93, 0.82 / 0.88; 14x14x672 5x5 3.03 / 3.36, 3.20 / 3.49;
+    28x28x240 5x5 3.81 / 4.38; N=8 19x19x728 (17 MB) 0.61 / 0.66, 0.61 / 0.72.
+    In the caches the tiles stay faster: N=8 28x28x192 (10 MB) 0.33 / 0.29,
+    14x14x576 0.54 / 0.52, 28x28x240 5x5 (12 MB) 0.98 / 0.73, 14x14x672 5x5
+    0.74 / 0.54; N=32 7x7x960 0.72 / 0.48."""
+    if not _same_rows(plan, _IN_PLACE_WINDOW):
+        return False
+    return not _tile_width(plan, adjoint) or _from_memory(plan, _IN_PLACE_CORRELATION_BYTES)
+
+
+_IN_PLACE_WINDOW = 49
+_IN_PLACE_CORRELATION_BYTES = 16 << 20
+
+
+def _in_place_correlation_launch(plan, adjoint):
+    """The :class:`_Launch` of :func:`inplace.correlate` for ``plan``."""
+    kh, kw = plan.kernel[1], plan.kernel[2]
+    make = inplace.adjoint_masks if adjoint else inplace.masks
+    masks = make(plan.in_sizes[1], plan.in_sizes[2], plan.out_sizes[1], plan.out_sizes[2],
+                 kh, kw, plan.dilations[1], plan.dilations[2], plan.pads[1], plan.pads[2],
+                 dtypes.accumulator(plan.dtype).itemsize)
+    data, res = (plan.out_sizes, plan.in_sizes) if adjoint else (plan.in_sizes, plan.out_sizes)
+    return _Launch(inplace.correlate, (_plane_shape(plan, data), (kh, kw, plan.channels),
+                                       _plane_shape(plan, res)), masks,
+                   raw16=True, writes16=True, mixes16=False)
 
 
 def _in_place_filter_gradient(plan):

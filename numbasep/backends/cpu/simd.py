@@ -246,23 +246,46 @@ class _Lanes:
                 return _nontemporal(self.builder.store(
                     value, self._ptr(i, off), align=self.vty.count * self.align), self.builder)
             return self.store(value, i, off)
+        h = self._narrowed(value, dtype)
+        self.builder.store(h, self.builder.bitcast(self.builder.gep(self.arrays[i].data, [off]),
+                                                   h.type.as_pointer()), align=2)
+
+    def masked_put(self, value, i, off, mask):
+        """:meth:`put` (not streaming) of only the lanes of the ``<lanes x i1>``
+        ``mask``: the others are neither read nor written."""
+        b = self.builder
+        dtype = self.types[i].dtype
+        if dtype in (types.uint16, types.int16):
+            value, align = self._narrowed(value, dtype), 2
+        else:
+            align = self.align
+        vty = value.type
+        kind = {"float": "f32", "double": "f64"}.get(str(vty.element), "i16")
+        suffix = f"v{vty.count}{kind}"
+        fn = cgutils.get_or_insert_function(
+            b.module, ir.FunctionType(ir.VoidType(), [vty, vty.as_pointer(), _I32, mask.type]),
+            f"llvm.masked.store.{suffix}.p0{suffix}")
+        b.call(fn, [value, b.bitcast(b.gep(self.arrays[i].data, [off]), vty.as_pointer()),
+                    ir.Constant(_I32, align), mask])
+
+    def _narrowed(self, value, dtype):
+        """The 16-bit bit patterns of ``dtype`` (``int16`` float16, ``uint16``
+        bfloat16) that the vector of floats ``value`` rounds to."""
         b = self.builder
         n = self.vty.count
         i16 = ir.VectorType(ir.IntType(16), n)
         if dtype == types.int16:
-            h = b.bitcast(b.fptrunc(value, ir.VectorType(ir.HalfType(), n)), i16)
-        else:
-            i32 = ir.VectorType(_I32, n)
+            return b.bitcast(b.fptrunc(value, ir.VectorType(ir.HalfType(), n)), i16)
+        i32 = ir.VectorType(_I32, n)
 
-            def c(k):
-                return ir.Constant(i32, [k] * n)
-            u = b.bitcast(value, i32)
-            lsb = b.and_(b.lshr(u, c(16)), c(1))
-            rounded = b.lshr(b.add(b.add(u, c(0x7FFF)), lsb), c(16))
-            quiet = b.or_(b.and_(b.lshr(u, c(16)), c(0x8000)), c(0x7FC0))
-            nan = b.icmp_unsigned(">", b.and_(u, c(0x7FFFFFFF)), c(0x7F800000))
-            h = b.trunc(b.select(nan, quiet, rounded), i16)
-        b.store(h, b.bitcast(b.gep(self.arrays[i].data, [off]), i16.as_pointer()), align=2)
+        def c(k):
+            return ir.Constant(i32, [k] * n)
+        u = b.bitcast(value, i32)
+        lsb = b.and_(b.lshr(u, c(16)), c(1))
+        rounded = b.lshr(b.add(b.add(u, c(0x7FFF)), lsb), c(16))
+        quiet = b.or_(b.and_(b.lshr(u, c(16)), c(0x8000)), c(0x7FC0))
+        nan = b.icmp_unsigned(">", b.and_(u, c(0x7FFFFFFF)), c(0x7F800000))
+        return b.trunc(b.select(nan, quiet, rounded), i16)
 
     def store(self, value, i, off):
         self.builder.store(value, self._ptr(i, off), align=self.align)
@@ -1380,27 +1403,9 @@ def plane_dots(typingctx, part, a0, x, x0, g, g0, toffs, masks, ntaps, KW, nvec,
 
     def codegen(context, builder, signature, args):
         b = builder
-        f64 = signature.args[0].dtype == types.float64
-        width = WIDE // 2 if f64 else WIDE
-        v = _Lanes(context, builder, signature, args, width, floats=0)
-        fma = v.fma()
-        a0v, x0v, g0v, nv, kwv, nvecv, v0v, v1v = (
-            context.cast(b, args[k], signature.args[k], types.intp)
-            for k in (1, 3, 5, 8, 9, 10, 11, 12))
-        ity = x0v.type
-
-        def const(i):
-            return ir.Constant(ity, i)
-
-        mty = ir.VectorType(ir.IntType(1), width)
-
-        def mask(k):
-            got = v.scalar(7, k)
-            if got.type.width > width:
-                got = b.trunc(got, ir.IntType(width))
-            return b.bitcast(got, mty)
-
-        start = ir.Constant(v.vty, [-0.0] * width)
+        v, fma, const, mask, start, (a0v, x0v, g0v, nv, kwv, nvecv, v0v, v1v) = _plane_code(
+            context, builder, signature, args, 0, 7, (1, 3, 5, 8, 9, 10, 11, 12))
+        width = v.vty.count
         columns = b.mul(b.add(nv, const(1)), nvecv)
 
         def taps(t0, size):
@@ -1443,6 +1448,122 @@ def plane_dots(typingctx, part, a0, x, x0, g, g0, toffs, masks, ntaps, KW, nvec,
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+# Vectors of output pixels whose sums :func:`plane_taps` holds in registers
+# through all the taps, where every lane and tap reads inside the plane.
+_PLANE_VECS = 4
+
+
+@intrinsic
+def plane_taps(typingctx, y, y0, x, x0, w, w0, wstep, toffs, masks, ntaps, KW, nvec, v0, v1):
+    """For each lane j < L (:func:`plane_lanes`) of each vector v < ``nvec`` whose
+    bit j is set in ``masks[v]``: ``y[y0 + v*L + j] =`` the sum over taps t <
+    ``ntaps`` (of a window ``KW`` wide), in order of t, of ``x[x0 + v*L + j +
+    toffs[t]] * w[w0 + t*wstep]``, taking only the taps whose bit j is set in
+    ``masks[(t + 1)*nvec + v]``; the other elements of ``y`` are not touched.
+    Masks and [v0, v1) as for :func:`plane_dots` (:func:`.inplace.masks`).
+
+    The channels-first forward (and stride-1 input gradient) of one plane that
+    needs no copy: output rows as long as the input's, so that tap t reads the
+    input ``toffs[t]`` pixels from the output pixel. As in :func:`plane_dots`,
+    a term left out is neither read nor added (an Inf or NaN in the padding's
+    place makes no NaN), the vectors in [v0, v1) load without masks and add
+    under their column's mask, ``_PLANE_VECS`` of them at a time with their sums
+    in registers; the sums start from -0 and are fused, so a sum's first product
+    is rounded alone, as the other kernels sum. ``x`` may hold 16-bit bit
+    patterns, widened as loaded, and ``y`` too, the sums rounded as stored
+    (:meth:`_Lanes.put`); ``w`` is float32 then, or the float type of both."""
+    floats = (types.float32, types.float64)
+    bits = (types.uint16, types.int16)
+    if not (all(isinstance(a, types.Array) for a in (y, x, w, toffs, masks))
+            and w.dtype in floats
+            and all(a.dtype == w.dtype or (w.dtype == types.float32 and a.dtype in bits)
+                    for a in (x, y))
+            and isinstance(toffs.dtype, types.Integer)
+            and isinstance(masks.dtype, types.Integer) and masks.dtype.bitwidth >= 16):
+        return None
+    sig = types.void(y, y0, x, x0, w, w0, wstep, toffs, masks, ntaps, KW, nvec, v0, v1)
+
+    def codegen(context, builder, signature, args):
+        b = builder
+        v, fma, const, mask, start, (y0v, x0v, w0v, wsv, nv, kwv, nvecv, v0v, v1v) = \
+            _plane_code(context, builder, signature, args, 4, 8, (1, 3, 5, 6, 9, 10, 11, 12, 13))
+        width = v.vty.count
+        columns = b.mul(b.add(nv, const(1)), nvecv)
+
+        def vectors(first, count, inside):
+            """The step k of a loop over vectors from ``first``, ``count`` at a time."""
+            def step(k, _):
+                ks = [b.add(first, b.add(b.mul(k, const(count)), const(u)))
+                      for u in range(count)]
+                at = [b.mul(kv, const(width)) for kv in ks]
+
+                def tap(t, carried):
+                    kw, sums = carried[0], carried[1:]
+                    off = context.cast(b, v.scalar(7, t), signature.args[7].dtype, types.intp)
+                    wt = v.scalar(4, b.add(w0v, b.mul(t, wsv)))
+                    wt = b.insert_element(ir.Constant(v.vty, ir.Undefined), wt, _I32(0))
+                    wt = b.shuffle_vector(wt, wt, ir.Constant(ir.VectorType(_I32, width),
+                                                              [0] * width))
+                    out = []
+                    for u, s in enumerate(sums):
+                        src = b.add(b.add(x0v, at[u]), off)
+                        if inside:
+                            m = mask(b.add(b.add(columns, b.mul(kw, nvecv)), ks[u]))
+                            xv = v.value(2, src)
+                        else:
+                            m = mask(b.add(b.mul(b.add(t, const(1)), nvecv), ks[u]))
+                            xv = v.masked_value(2, src, m)
+                        out.append(b.select(m, b.call(fma, [xv, wt, s]), s))
+                    kw = b.add(kw, const(1))
+                    kw = b.select(b.icmp_signed("==", kw, kwv), const(0), kw)
+                    return [kw] + out
+                sums = v.loop(nv, [const(0)] + [start] * count, tap)[1:]
+                for u, s in enumerate(sums):
+                    dst = b.add(y0v, at[u])
+                    if inside:
+                        v.put(s, 0, dst)
+                    else:
+                        v.masked_put(s, 0, dst, mask(ks[u]))
+                return []
+            return step
+
+        inner = b.sub(v1v, v0v)
+        blocks = b.sdiv(inner, const(_PLANE_VECS))
+        rest_at = b.add(v0v, b.mul(blocks, const(_PLANE_VECS)))
+        v.loop(v0v, [], vectors(const(0), 1, False))
+        v.loop(blocks, [], vectors(v0v, _PLANE_VECS, True))
+        v.loop(b.sub(v1v, rest_at), [], vectors(rest_at, 1, True))
+        v.loop(b.sub(nvecv, v1v), [], vectors(v1v, 1, False))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _plane_code(context, builder, signature, args, floats, masks, ints):
+    """What :func:`plane_dots` and :func:`plane_taps` generate code with: the
+    :class:`_Lanes` of the float type of argument ``floats`` (16 lanes of
+    float32 with AVX-512), its fused multiply-add, ``const(i)`` (an index
+    constant), ``mask(k)`` (the ``<lanes x i1>`` mask ``masks[k]`` of argument
+    ``masks``, bit j for lane j), a vector of -0 to start sums from, and the
+    integer arguments ``ints`` as indices."""
+    b = builder
+    width = WIDE // 2 if signature.args[floats].dtype == types.float64 else WIDE
+    v = _Lanes(context, builder, signature, args, width, floats=floats)
+    values = [context.cast(b, args[k], signature.args[k], types.intp) for k in ints]
+    ity = values[0].type
+    mty = ir.VectorType(ir.IntType(1), width)
+
+    def const(i):
+        return ir.Constant(ity, i)
+
+    def mask(k):
+        got = v.scalar(masks, k)
+        if got.type.width > width:
+            got = b.trunc(got, ir.IntType(width))
+        return b.bitcast(got, mty)
+    return v, v.fma(), const, mask, ir.Constant(v.vty, [-0.0] * width), values
 
 
 @intrinsic
