@@ -280,9 +280,12 @@ def _mixes(kernel):
     """The signatures of a plane kernel that mix 16-bit bit patterns and float32
     among its data operands and result (the filter gradient: its two data
     operands)."""
-    ops = 2 if kernel is planes.backprop_filter else 3
+    ops = 2 if kernel in (planes.backprop_filter, inplace.backprop_filter) else 3
+    # a task's (inplace) signatures start with its index and the number of tasks
+    skip = 2 if hasattr(kernel, "task") else 0
     mixed = []
-    for sig in kernel.signatures:
+    for sig in getattr(kernel, "task", kernel).signatures:
+        sig = sig[skip:]
         kinds = {a.dtype.bitwidth == 16 for a in (sig[0], sig[2] if ops == 3 else sig[1])}
         if len(kinds) > 1:
             mixed.append(sig)
@@ -306,7 +309,8 @@ def test_plane_kernels_widen_16_bit_data_beside_float32(plane_kernels, dtype, m)
     plane_kernels.taken.clear()
     got = (nb.separable_conv(x, dk, pk, **kw),) + nb.separable_conv_grad(x, dk, pk, dout, **kw)
     assert plane_kernels.taken and all(plane_kernels.taken)
-    for kernel in (planes.forward, planes.backprop_input, planes.backprop_filter):
+    for kernel in (planes.forward, planes.backprop_input, planes.backprop_filter,
+                   inplace.correlate, inplace.backprop_filter):
         assert not _mixes(kernel), kernel.py_func.__name__
     f64 = [a.astype(np.float64) for a in (x, dk, pk, dout)]
     want = (ref.keras_separable(*f64[:3], **kw),) + ref.keras_separable_grad(*f64, **kw)

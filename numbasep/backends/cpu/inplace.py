@@ -132,24 +132,27 @@ backprop_filter = Parallel(backprop_filter_task, lambda x, dy, parts, *args: min
 
 @njit(nogil=True, cache=True)
 def correlate(grp, groups, x, w, y, bits, toffs, v0, v1):
-    """y[n, c] = the correlation of plane x[n, c] with channel c's taps
-    ``w[kh, kw, c]``, for ``x[N, C, H, W]`` and ``y[N, C, OH, OW]`` (``OW == W``)
-    and the lane masks and tap offsets of :func:`masks`: the forward, or with the
-    masks of the adjoint's geometry (:func:`adjoint_masks`) the stride-1 input
-    gradient (x the output gradient, y the input's). Float32 or float64, or
-    16-bit bit patterns with float32 taps."""
+    """y[n, k] = the correlation of plane x[n, k // M] with channel k's taps
+    ``w[kh, kw, k]``, for ``x[N, C, H, W]`` and ``y[N, C*M, OH, OW]`` (``OW ==
+    W``; depth multiplier M) and the lane masks and tap offsets of
+    :func:`masks`: the forward, or with the masks of the adjoint's geometry
+    (:func:`adjoint_masks`) and M = 1 the stride-1 input gradient (x the output
+    gradient, y the input's). Float32 or float64, or 16-bit bit patterns with
+    float32 taps."""
     N, C, H, W = x.shape
-    OH, OW = y.shape[2], y.shape[3]
+    CM, OH, OW = y.shape[1], y.shape[2], y.shape[3]
+    M = CM // C
     KW = w.shape[1]
     KT = toffs.shape[0]
     nvec = bits.shape[0] // (KT + 1 + KW)
     xf = x.reshape(N * C * H * W)
-    yf = y.reshape(N * C * OH * OW)
-    wf = w.reshape(KT * C)
-    NP = N * C
+    yf = y.reshape(N * CM * OH * OW)
+    wf = w.reshape(KT * CM)
+    NP = N * CM
     for pl in range(grp * NP // groups, (grp + 1) * NP // groups):
-        plane_taps(yf, pl * OH * OW, xf, pl * H * W, wf, pl % C, C, toffs, bits, KT, KW,
-                   nvec, v0, v1)
+        n, k = pl // CM, pl % CM
+        plane_taps(yf, pl * OH * OW, xf, (n * C + k // M) * H * W, wf, k, CM, toffs, bits,
+                   KT, KW, nvec, v0, v1)
 
 
 def adjoint_masks(H, W, OH, OW, KH, KW, rh, rw, ph, pw, itemsize):
@@ -161,4 +164,4 @@ def adjoint_masks(H, W, OH, OW, KH, KW, rh, rw, ph, pw, itemsize):
 
 correlate_task = correlate
 correlate = Parallel(correlate_task, lambda x, w, y, *args: min(
-    x.shape[0] * x.shape[1], GROUPS), 5)
+    y.shape[0] * y.shape[1], GROUPS), 5)
