@@ -137,17 +137,18 @@ def test_masks_say_which_pixels_each_tap_reads_inside_the_map(itemsize, geometry
     checked pixel by pixel; the tap offsets say which input pixel that is; the
     column masks, what lies in each window column; and the vectors [v0, v1), read
     without masks, read inside the plane at every lane and tap, where each tap's
-    mask is its column's."""
+    mask is its column's; the last masks, the pixels with any tap inside."""
     H, W, OH, KH, KW, rh, rw, ph, pw = geometry
     OW = W
     bits, toffs, v0, v1 = inplace.masks(H, W, OH, OW, KH, KW, rh, rw, ph, pw, itemsize)
     lanes = simd.plane_lanes(itemsize)
     nvec = -(-OH * OW // lanes)
-    assert bits.shape == ((KH * KW + 1 + KW) * nvec,) and bits.dtype == np.uint16
+    assert bits.shape == ((KH * KW + 2 + KW) * nvec,) and bits.dtype == np.uint16
     assert 0 <= v0 <= v1 <= nvec
     for q in range(nvec * lanes):
         v, j = divmod(q, lanes)
         assert bool(bits[v] >> j & 1) == (q < OH * OW)
+        some = False
         for kw in range(KW):
             iw = q % OW + kw * rw - pw
             column = q < OH * OW and 0 <= iw < W
@@ -158,11 +159,13 @@ def test_masks_say_which_pixels_each_tap_reads_inside_the_map(itemsize, geometry
             inside = q < OH * OW and 0 <= ih < H and 0 <= iw < W
             tap = bits[(t + 1) * nvec + v] >> j & 1
             assert bool(tap) == inside, (q, t)
+            some = some or inside
             if inside:
                 assert q + toffs[t] == ih * W + iw
             if v0 <= v < v1:
                 assert q < OH * OW and 0 <= q + toffs[t] < H * W
                 assert tap == bits[(KH * KW + 1 + kw) * nvec + v] >> j & 1
+        assert bool(bits[(KH * KW + 1 + KW) * nvec + v] >> j & 1) == some
     if (H, W) == (40, 40):
         assert v1 - v0 >= nvec - 2 * 50 // lanes - 2      # all but the first and last rows
 
@@ -314,10 +317,11 @@ def test_correlate_writes_each_plane_once_and_nothing_around_them(adjoint, dtype
 
 @settings(max_examples=30, deadline=None)
 @given(same_row_problems(), st.integers(2, 4), st.sampled_from([np.float32, np.float16]))
-def test_depth_multiplier_forwards_read_each_input_plane_in_place(problem, M, dtype):
-    """A forward with depth multiplier M reads input plane c in place for its
-    output planes c*M .. c*M + M-1, each with its own taps, against the
-    reference."""
+def test_depth_multipliers_read_each_plane_in_place(problem, M, dtype):
+    """With depth multiplier M, the forward reads input plane c in place for its
+    output planes c*M .. c*M + M-1, each with its own taps, and the input
+    gradient of plane c sums those M planes' taps in one sum: against the
+    reference, on the in-place kernel."""
     xs, fs, attrs = problem
     rng = np.random.default_rng(M + xs[1] * 10)
     x = rng.standard_normal(xs).astype(dtype)
@@ -327,9 +331,28 @@ def test_depth_multiplier_forwards_read_each_input_plane_in_place(problem, M, dt
         ran = []
         real = driver._launch
         patch.setattr(driver, "_launch", lambda kern, *a: (ran.append(kern), real(kern, *a)))
-        got = F(x, w, **attrs)
-    assert ran == [inplace.correlate]
-    want = R.raw_forward(x.astype(np.float64), w.astype(np.float64), **attrs)
+        y = F(x, w, **attrs)
+        dy = rng.standard_normal(y.shape).astype(dtype)
+        dx = BI(list(xs), w, dy, **attrs)
+    assert ran == [inplace.correlate] * 2
+    x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
     tol = 2e-2 if dtype == np.float16 else 1e-5
-    np.testing.assert_allclose(got.astype(np.float64), want, rtol=0,
-                               atol=tol * max(1.0, np.abs(want).max()))
+    for got, want in ((y, R.raw_forward(x64, w64, **attrs)),
+                      (dx, R.raw_backprop_input(list(xs), w64, dy64, **attrs))):
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=0,
+                                   atol=tol * max(1.0, np.abs(want).max()))
+
+
+def test_repeated_masks_read_m_planes_as_one_window():
+    """:func:`inplace.repeated`: M copies of each tap's masks, the column masks
+    and the taps-inside masks once, and tap offsets one plane further for each
+    copy."""
+    bits, toffs, v0, v1 = inplace.masks(6, 5, 6, 5, 3, 3, 1, 1, 1, 1, 4)
+    nvec = bits.shape[0] // (9 + 2 + 3)
+    got, offs = inplace.repeated(bits, toffs, 3, 2, 30)
+    assert got.shape[0] == (18 + 2 + 3) * nvec
+    assert np.array_equal(got[:nvec], bits[:nvec])
+    for m in range(2):
+        assert np.array_equal(got[(1 + 9 * m) * nvec:(10 + 9 * m) * nvec], bits[nvec:10 * nvec])
+        assert np.array_equal(offs[9 * m:9 * (m + 1)], toffs + 30 * m)
+    assert np.array_equal(got[19 * nvec:], bits[10 * nvec:])

@@ -116,10 +116,14 @@ def test_depth_multipliers_copy_each_input_plane_once(problem, poison):
     """Channels-first depth multipliers on the plane kernels, each input plane
     copied once for its M output planes (the input gradient summed from them):
     the reference's values, and the bits (NaN and Inf where they are) of the
-    plane kernels on the input repeated in memory."""
+    plane kernels on the input repeated in memory. (Stride-1 problems with
+    same-length rows, which read their planes in place otherwise, are kept on
+    the plane kernels: in place, the input gradient sums its M planes' taps in
+    one sum, not plane by plane.)"""
     xs, fs, attrs = problem
     attrs = dict(attrs, data_format="NCHW")
     with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(driver, "_same_rows", lambda plan, taps: False)
         taken = []
         real = driver._multiplier_plane_route
 

@@ -628,11 +628,17 @@ def _multiplier_plane_route(plan, op):
     filter gradient (ms): 56x56x144 M=2 5.4, 4.8 / 2.5, 2.4; M=4 17.2, 15.3 /
     6.0, 5.2; 19x19x728 M=2 2.8, 2.7 / 1.6, 1.7; M=4 7.9, 6.3 / 4.1, 4.6; input
     gradient (medians of ``benchmarks/layout_ratio.py``): 56x56x144 M=2 8.4 / 3.8,
-    M=4 21.0 / 7.4; 19x19x728 M=2 4.5 / 2.3, M=4 12.3 / 5.3. A forward the
-    in-place kernels take (:func:`_same_rows`) reads each input plane in place
-    for its M output planes instead: 2 threads, AMD Zen 4, N=8 3x3, planes / in
-    place, medians of 7 rounds alternating in one process (ms): 56x56x144 M=2
-    2.82 / 1.83, M=4 5.28 / 3.77; 19x19x728 M=2 1.61 / 1.24, M=4 2.96 / 2.44."""
+    M=4 21.0 / 7.4; 19x19x728 M=2 4.5 / 2.3, M=4 12.3 / 5.3. Where the
+    in-place kernels take the problem (:func:`_same_rows`) the forward reads
+    each input plane in place for its M output planes instead, and the input
+    gradient reads its M planes' taps as one window (:func:`inplace.repeated`),
+    each plane's sum apart and the M added in order of m, as elsewhere: 2
+    threads, AMD Zen 4, N=8 3x3, planes / in place, medians of 7 rounds
+    alternating in one process (ms), forward: 56x56x144 M=2 2.82 / 1.83, M=4
+    5.28 / 3.77; 19x19x728 M=2 1.61 / 1.24, M=4 2.96 / 2.44; input gradient:
+    56x56x144 M=2 4.04 / 1.97, M=4 7.65 / 3.67; 19x19x728 M=2 2.71 / 2.16, M=4
+    4.84 / 4.85 (measured with all M*KH*KW taps in one sum; the planes' sums
+    apart add an addition per plane and vector)."""
     single = _single_plan(plan)
     if not _by_planes(single):
         return None
@@ -644,10 +650,11 @@ def _multiplier_plane_route(plan, op):
         return _Launch(planes.backprop_filter,
                        (xs, ys, (chunks, kh, kw, cm), (chunks,) + plan.filter_shape5),
                        _plane_params(plan), raw16=True, mixes16=False)
-    if op == "input_gradient":
-        return _plane_launch(planes.backprop_input, (ys, (kh, kw, cm), xs), plan)
+    adjoint = op == "input_gradient"
     if _same_rows(single, _IN_PLACE_WINDOW):
-        return _in_place_correlation_launch(single, False, xs)
+        return _in_place_correlation_launch(single, adjoint, plan.multiplier)
+    if adjoint:
+        return _plane_launch(planes.backprop_input, (ys, (kh, kw, cm), xs), plan)
     return _plane_launch(planes.forward, (xs, (kh, kw, cm), ys), plan)
 
 
@@ -935,20 +942,25 @@ _IN_PLACE_WINDOW = 49
 _IN_PLACE_CORRELATION_BYTES = 16 << 20
 
 
-def _in_place_correlation_launch(plan, adjoint, data_shape=None):
-    """The :class:`_Launch` of :func:`inplace.correlate` for ``plan`` (a forward's
-    of depth multiplier 1, the input viewed with ``data_shape`` when given: that
-    of a plan with a multiplier, :func:`_multiplier_plane_route`)."""
+def _in_place_correlation_launch(plan, adjoint, multiplier=1):
+    """The :class:`_Launch` of :func:`inplace.correlate` for ``plan``, of depth
+    multiplier 1: that of the same problem with ``multiplier`` when given (its
+    input planes each read for that many channels of ``plan``,
+    :func:`_multiplier_plane_route`)."""
     kh, kw = plan.kernel[1], plan.kernel[2]
     make = inplace.adjoint_masks if adjoint else inplace.masks
-    masks = make(plan.in_sizes[1], plan.in_sizes[2], plan.out_sizes[1], plan.out_sizes[2],
-                 kh, kw, plan.dilations[1], plan.dilations[2], plan.pads[1], plan.pads[2],
-                 dtypes.accumulator(plan.dtype).itemsize)
+    bits, toffs, v0, v1 = make(plan.in_sizes[1], plan.in_sizes[2], plan.out_sizes[1],
+                               plan.out_sizes[2], kh, kw, plan.dilations[1], plan.dilations[2],
+                               plan.pads[1], plan.pads[2], dtypes.accumulator(plan.dtype).itemsize)
     data, res = (plan.out_sizes, plan.in_sizes) if adjoint else (plan.in_sizes, plan.out_sizes)
-    return _Launch(inplace.correlate, (data_shape or _plane_shape(plan, data),
-                                       (kh, kw, plan.channels),
-                                       _plane_shape(plan, res)), masks,
-                   raw16=True, writes16=True, mixes16=False)
+    data, res = _plane_shape(plan, data), _plane_shape(plan, res)
+    if multiplier > 1 and adjoint:
+        res = res[:1] + (res[1] // multiplier,) + res[2:]
+        bits, toffs = inplace.repeated(bits, toffs, kw, multiplier, data[2] * data[3])
+    elif multiplier > 1:
+        data = data[:1] + (data[1] // multiplier,) + data[2:]
+    return _Launch(inplace.correlate, (data, (kh, kw, plan.channels), res),
+                   (bits, toffs, v0, v1), raw16=True, writes16=True, mixes16=False)
 
 
 def _in_place_filter_gradient(plan):

@@ -48,8 +48,10 @@ def masks(H, W, OH, OW, KH, KW, rh, rw, ph, pw, itemsize):
     sums. ``toffs[kh*KW + kw]``: the input pixel offset of tap (kh, kw). ``bits``,
     bit j for pixel ``v*L + j`` of vector v: ``bits[v]``, the output pixels that
     exist; ``bits[(t + 1)*nvec + v]``, those whose tap t lies inside the map;
-    ``bits[(KH*KW + 1 + kw)*nvec + v]``, those whose column kw lies inside it.
-    [v0, v1): the vectors whose every lane and tap reads inside the planes."""
+    ``bits[(KH*KW + 1 + kw)*nvec + v]``, those whose column kw lies inside it;
+    ``bits[(KH*KW + 1 + KW)*nvec + v]``, those with a tap inside it (the others'
+    sums are empty: +0). [v0, v1): the vectors whose every lane and tap reads
+    inside the planes."""
     lanes = plane_lanes(itemsize)
     nvec = -(-OH * OW // lanes)
     q = np.arange(nvec * lanes)
@@ -61,7 +63,7 @@ def masks(H, W, OH, OW, KH, KW, rh, rw, ph, pw, itemsize):
     column = real & (iw >= 0) & (iw < W)                   # (KW, pixels)
     row = (ih >= 0) & (ih < H)                             # (KH, pixels)
     inside = (row[:, None, :] & column[None, :, :]).reshape(KH * KW, -1)
-    on = np.concatenate([real[None, :], inside, column])
+    on = np.concatenate([real[None, :], inside, column, inside.any(axis=0)[None, :]])
     # bit j of each vector's mask for lane j (packed bits, little-endian lanes)
     packed = np.packbits(on.reshape(-1, lanes), axis=1, bitorder="little")
     bits = packed.view("<u2")[:, 0] if lanes == 16 else packed[:, 0].astype(np.uint16)
@@ -98,7 +100,7 @@ def backprop_filter(grp, groups, x, dy, parts, bits, toffs, v0, v1, CB):
     OH, OW = dy.shape[2], dy.shape[3]
     P, KT = parts.shape[0], toffs.shape[0]
     KW = parts.shape[2]
-    nvec = bits.shape[0] // (KT + 1 + KW)
+    nvec = bits.shape[0] // (KT + 2 + KW)
     lanes = plane_lanes(parts.itemsize)
     xf = x.reshape(N * C * H * W)
     dyf = dy.reshape(N * C * OH * OW)
@@ -132,27 +134,54 @@ backprop_filter = Parallel(backprop_filter_task, lambda x, dy, parts, *args: min
 
 @njit(nogil=True, cache=True)
 def correlate(grp, groups, x, w, y, bits, toffs, v0, v1):
-    """y[n, k] = the correlation of plane x[n, k // M] with channel k's taps
-    ``w[kh, kw, k]``, for ``x[N, C, H, W]`` and ``y[N, C*M, OH, OW]`` (``OW ==
-    W``; depth multiplier M) and the lane masks and tap offsets of
-    :func:`masks`: the forward, or with the masks of the adjoint's geometry
-    (:func:`adjoint_masks`) and M = 1 the stride-1 input gradient (x the output
-    gradient, y the input's). Float32 or float64, or 16-bit bit patterns with
-    float32 taps."""
+    """Correlations of planes of ``x[N, C, H, W]`` into planes of ``y[N, CY, OH,
+    OW]`` (``OW == W``) with taps ``w[KH, KW, max(C, CY)]``, through the lane
+    masks and tap offsets of :func:`masks` (or :func:`adjoint_masks`).
+
+    The forward (``CY = C*M``, depth multiplier M): y[n, k] = the correlation
+    of plane x[n, k // M] with channel k's taps. The stride-1 input gradient
+    (x the output gradient, y the input's; masks of the adjoint's geometry,
+    ``C = CY*M``, :func:`repeated` for M > 1): y[n, c] = the sum over m of the
+    correlations of planes x[n, c*M + m] with channel c*M + m's taps, added in
+    order of m as the other kernels add them. Float32 or float64, or 16-bit bit patterns with float32
+    taps."""
     N, C, H, W = x.shape
-    CM, OH, OW = y.shape[1], y.shape[2], y.shape[3]
-    M = CM // C
-    KW = w.shape[1]
+    CY, OH, OW = y.shape[1], y.shape[2], y.shape[3]
+    KW, CW = w.shape[1], w.shape[2]
     KT = toffs.shape[0]
-    nvec = bits.shape[0] // (KT + 1 + KW)
+    nvec = bits.shape[0] // (KT + 2 + KW)
     xf = x.reshape(N * C * H * W)
-    yf = y.reshape(N * CM * OH * OW)
-    wf = w.reshape(KT * CM)
-    NP = N * CM
+    yf = y.reshape(N * CY * OH * OW)
+    wf = w.reshape(w.shape[0] * KW * CW)
+    M = CW // min(C, CY)
+    taps = KT // M if C > CY else KT        # taps of the window
+    wv = np.empty(KT, w.dtype)
+    NP = N * CY
     for pl in range(grp * NP // groups, (grp + 1) * NP // groups):
-        n, k = pl // CM, pl % CM
-        plane_taps(yf, pl * OH * OW, xf, (n * C + k // M) * H * W, wf, k, CM, toffs, bits,
-                   KT, KW, nvec, v0, v1)
+        n, k = pl // CY, pl % CY
+        if C > CY:
+            src = n * C + k * M
+            for m in range(M):
+                for t in range(taps):
+                    wv[m * taps + t] = wf[t * CW + k * M + m]
+        else:
+            src = n * C + k // M
+            for t in range(taps):
+                wv[t] = wf[t * CW + k]
+        plane_taps(yf, pl * OH * OW, xf, src * H * W, wv, 0, 1, toffs, bits, KT, taps, KW,
+                   nvec, v0, v1)
+
+
+def repeated(bits, toffs, KW, M, plane):
+    """The masks and tap offsets of :func:`masks` (windows ``KW`` wide) for M
+    planes of ``plane`` elements one after the other, read as one window of M
+    times the taps (the stride-1 input gradient of depth multiplier M,
+    :func:`correlate`)."""
+    KT = toffs.shape[0]
+    nvec = bits.shape[0] // (KT + 2 + KW)
+    taps = bits[nvec:(KT + 1) * nvec]
+    bits = np.concatenate([bits[:nvec]] + [taps] * M + [bits[(KT + 1) * nvec:]])
+    return bits, (np.arange(M)[:, None] * plane + toffs[None, :]).reshape(-1)
 
 
 def adjoint_masks(H, W, OH, OW, KH, KW, rh, rw, ph, pw, itemsize):

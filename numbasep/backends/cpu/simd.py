@@ -1456,12 +1456,18 @@ _PLANE_VECS = 4
 
 
 @intrinsic
-def plane_taps(typingctx, y, y0, x, x0, w, w0, wstep, toffs, masks, ntaps, KW, nvec, v0, v1):
+def plane_taps(typingctx, y, y0, x, x0, w, w0, wstep, toffs, masks, ntaps, group, KW, nvec,
+               v0, v1):
     """For each lane j < L (:func:`plane_lanes`) of each vector v < ``nvec`` whose
     bit j is set in ``masks[v]``: ``y[y0 + v*L + j] =`` the sum over taps t <
     ``ntaps`` (of a window ``KW`` wide), in order of t, of ``x[x0 + v*L + j +
     toffs[t]] * w[w0 + t*wstep]``, taking only the taps whose bit j is set in
     ``masks[(t + 1)*nvec + v]``; the other elements of ``y`` are not touched.
+    The taps come in groups of ``group`` (a divisor of ``ntaps``), each summed
+    on its own and the groups' sums added in order: a depth multiplier's input
+    gradient, its M planes' sums added as the other kernels add them. A lane
+    whose bit is clear in ``masks[(ntaps + 1 + KW)*nvec + v]`` (no tap inside)
+    gets +0, the empty sum, as in the other kernels.
     Masks and [v0, v1) as for :func:`plane_dots` (:func:`.inplace.masks`).
 
     The channels-first forward (and stride-1 input gradient) of one plane that
@@ -1483,14 +1489,16 @@ def plane_taps(typingctx, y, y0, x, x0, w, w0, wstep, toffs, masks, ntaps, KW, n
             and isinstance(toffs.dtype, types.Integer)
             and isinstance(masks.dtype, types.Integer) and masks.dtype.bitwidth >= 16):
         return None
-    sig = types.void(y, y0, x, x0, w, w0, wstep, toffs, masks, ntaps, KW, nvec, v0, v1)
+    sig = types.void(y, y0, x, x0, w, w0, wstep, toffs, masks, ntaps, group, KW, nvec, v0, v1)
 
     def codegen(context, builder, signature, args):
         b = builder
-        v, fma, const, mask, start, (y0v, x0v, w0v, wsv, nv, kwv, nvecv, v0v, v1v) = \
-            _plane_code(context, builder, signature, args, 4, 8, (1, 3, 5, 6, 9, 10, 11, 12, 13))
+        v, fma, const, mask, start, (y0v, x0v, w0v, wsv, nv, gv, kwv, nvecv, v0v, v1v) = \
+            _plane_code(context, builder, signature, args, 4, 8,
+                        (1, 3, 5, 6, 9, 10, 11, 12, 13, 14))
         width = v.vty.count
         columns = b.mul(b.add(nv, const(1)), nvecv)
+        empty = b.add(columns, b.mul(kwv, nvecv))
 
         def vectors(first, count, inside):
             """The step k of a loop over vectors from ``first``, ``count`` at a time."""
@@ -1499,7 +1507,8 @@ def plane_taps(typingctx, y, y0, x, x0, w, w0, wstep, toffs, masks, ntaps, KW, n
                       for u in range(count)]
                 at = [b.mul(kv, const(width)) for kv in ks]
 
-                def tap(t, carried):
+                def tap(t, carried, g0):
+                    t = b.add(g0, t)
                     kw, sums = carried[0], carried[1:]
                     off = context.cast(b, v.scalar(7, t), signature.args[7].dtype, types.intp)
                     wt = v.scalar(4, b.add(w0v, b.mul(t, wsv)))
@@ -1519,7 +1528,15 @@ def plane_taps(typingctx, y, y0, x, x0, w, w0, wstep, toffs, masks, ntaps, KW, n
                     kw = b.add(kw, const(1))
                     kw = b.select(b.icmp_signed("==", kw, kwv), const(0), kw)
                     return [kw] + out
-                sums = v.loop(nv, [const(0)] + [start] * count, tap)[1:]
+                def grouped(g, carried):
+                    kw, totals = carried[0], carried[1:]
+                    g0 = b.mul(g, gv)
+                    got = v.loop(gv, [kw] + [start] * count, lambda t, c: tap(t, c, g0))
+                    return [got[0]] + [b.fadd(a, s) for a, s in zip(totals, got[1:])]
+                # (-0 + the first group's sum is that sum, to the bit)
+                sums = v.loop(b.sdiv(nv, gv), [const(0)] + [start] * count, grouped)[1:]
+                zero = ir.Constant(v.vty, [0.0] * width)
+                sums = [b.select(mask(b.add(empty, ks[u])), s, zero) for u, s in enumerate(sums)]
                 for u, s in enumerate(sums):
                     dst = b.add(y0v, at[u])
                     if inside:
