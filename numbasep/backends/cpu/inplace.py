@@ -143,8 +143,8 @@ def correlate(grp, groups, x, w, y, bits, toffs, v0, v1):
     (x the output gradient, y the input's; masks of the adjoint's geometry,
     ``C = CY*M``, :func:`repeated` for M > 1): y[n, c] = the sum over m of the
     correlations of planes x[n, c*M + m] with channel c*M + m's taps, added in
-    order of m as the other kernels add them. Float32 or float64, or 16-bit bit patterns with float32
-    taps."""
+    order of m as the other kernels add them. Float32 or float64, or 16-bit
+    bit patterns with float32 taps."""
     N, C, H, W = x.shape
     CY, OH, OW = y.shape[1], y.shape[2], y.shape[3]
     KW, CW = w.shape[1], w.shape[2]
