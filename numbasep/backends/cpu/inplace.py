@@ -52,7 +52,7 @@ def masks(H, W, OH, OW, KH, KW, rh, rw, ph, pw, itemsize):
     ``bits[(KH*KW + 1 + KW)*nvec + v]``, those with a tap inside it (the others'
     sums are empty: +0). [v0, v1): the vectors whose every lane and tap reads
     inside the planes."""
-    lanes = plane_lanes(itemsize)
+    lanes = plane_lanes.py_func(itemsize)   # from Python: no dispatcher to compile
     nvec = -(-OH * OW // lanes)
     q = np.arange(nvec * lanes)
     real = q < OH * OW
