@@ -557,3 +557,46 @@ def test_input_gradient_of_operands_from_memory(monkeypatch, k):
             want += terms
             bound += np.abs(terms)
     assert np.all(np.abs(got - want) <= 1e-5 * bound)
+
+
+@pytest.mark.parametrize("op", ["forward", "input gradient"])
+@pytest.mark.parametrize("height, width, k, dilation", [
+    (24, 40, 3, 1), (16, 24, 5, 2), (40, 3, 5, 1), (12, 2, 7, 1)])
+def test_rows_asked_for_in_pieces_keep_each_image_its_bits(route, op, height, width, k,
+                                                             dilation):
+    """Operands above ``lanes._PREFETCH_BYTES``: the forward and the stride-1
+    input gradient compute each row in pieces, asking for a share of the next
+    row's lines before each (``lanes._PIECE_LINES``), or, where no pixel is in
+    a block (maps narrower than the window), ask for them all at once. Each
+    image's result is the one it gets alone (operands below the limit, whole
+    rows), to the bit."""
+    route(True)
+    ran = []
+    real = driver._launch
+    mp = pytest.MonkeyPatch()
+    mp.setattr(driver, "_launch", lambda kern, *a: (ran.append(kern), real(kern, *a)))
+    rng = np.random.default_rng(height * width + k)
+    c = 128
+    n = _images_past_prefetch(2 * height * width * c * 4)
+    a = numbasep.empty_aligned((n, height, width, c))
+    a[...] = rng.uniform(-1, 1, a.shape)
+    w = rng.uniform(-1, 1, (k, k, c, 1)).astype(np.float32)
+    attrs = dict(strides=[1, 1, 1, 1], padding="SAME", dilations=[1, dilation, dilation, 1])
+    if op == "forward":
+        def run(b):
+            return F(b, w, **attrs)
+    else:
+        def run(b):
+            return BI(list(b.shape), w, b, **attrs)
+    try:
+        got = run(a)
+    finally:
+        mp.undo()
+    assert 2 * a.nbytes > lanes._PREFETCH_BYTES
+    # (plain or streaming stores)
+    kerns = [lanes.kernels(k, k, stream=s) for s in (False, True)]
+    assert len(ran) == 1
+    assert ran[0] in [m.forward if op == "forward" else m.backprop_input for m in kerns]
+    for i in (0, 1, n // 2, n - 1):
+        alone = run(np.ascontiguousarray(a[i:i + 1]))
+        np.testing.assert_array_equal(got[i:i + 1].view(np.uint32), alone.view(np.uint32))

@@ -160,26 +160,34 @@ _GROUP_PAIRS = -_GROUPS
 
 
 @njit(nogil=True, cache=True)
-def _row(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW, NT, edges, M):
+def _row(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW, NT, edges, M,
+         ahead):
     """``run`` output pixels from ``dst[d0]`` on, ``C`` apart: the taps of window
     rows [k0, k1) of a window of KW columns (a compile-time constant), pixel
     k's tap (r, j) at ``src[s0 + k*sstep + r*rowstep + j*colstep]``, 16 channels
     at a time (then 8), leaving out the columns outside the map that ``edges``
     describes (:func:`.simd.taps_rows`); NT (0 or 1, a compile-time constant):
     non-temporal stores; M (a compile-time constant): ``src`` holds a depth
-    multiplier M's input (its channel c // M for output channel c)."""
+    multiplier M's input (its channel c // M for output channel c). ``ahead``:
+    the elements [a, b) of ``src`` to ask for (:func:`_ahead`), spread over
+    the row in pieces (:func:`_pieces`)."""
     literally(KW)
     literally(NT)
     literally(M)
     rows = k1 - k0
     if rows == 0:
+        _ask(src, ahead[0], ahead[1])
         for k in range(run):
             dst[d0 + k * C:d0 + (k + 1) * C] = 0
         return
     s0 += k0 * rowstep
     n = _chunk(run, C)
-    for k in range(0, run, n):
-        k = min(k, run - n)
+    if ahead[1] > ahead[0]:
+        n = _pieces(run, ahead[1] - ahead[0], src.itemsize)
+    pieces = (run + n - 1) // n
+    for i in range(pieces):
+        k = min(i * n, run - n)
+        _ask_share(src, ahead[0], ahead[1], i, pieces)
         if KW >= _PAIRED_TAPS and n <= _PAIRED_ROW:
             _taps_rows(dst, d0 + k * C, C, src, s0 + k * sstep, sstep, rowstep, colstep, wt,
                        k0 * KW * C, KW * C, C, n, rows, C, KW, NT, _shifted(edges, k), M,
@@ -299,16 +307,19 @@ def _forward_columns(OW, W, CI, C, sw, rw, pw, KW, M):
 
 @njit(inline="always")
 def _forward_row(dst, d0, xf, wt, job, H, W, CI, C, OH, OW, KH, KW, sh, sw, rh, rw, ph, pw, lo,
-                 hi, edges, NT, M):
+                 hi, edges, NT, M, ahead):
     """The forward's output row ``job`` (image n, row oh) at ``dst[d0]``: pixels
-    [lo, hi) in blocks (:func:`_row`), the others one at a time."""
+    [lo, hi) in blocks (:func:`_row`, asking for ``xf[a:b]`` of ``ahead`` across
+    them), the others one at a time."""
     n, oh = _split(job, OH)
     ih0 = oh * sh - ph
     k0, k1 = _taps_inside(ih0, rh, KH, H)
     s0 = ((n * H + ih0) * W + lo * sw - pw) * CI
     if lo < hi:
         _row(dst, d0 + lo * C, xf, s0, sw * CI, W * rh * CI, rw * CI, wt, C, hi - lo, k0, k1,
-             KW, NT, edges, M)
+             KW, NT, edges, M, ahead)
+    else:
+        _ask(xf, ahead[0], ahead[1])
     # the columns whose window the sides cut
     for i in range(lo + OW - hi):
         ow = _side(i, lo, hi)
@@ -322,7 +333,7 @@ def _forward_row(dst, d0, xf, wt, job, H, W, CI, C, OH, OW, KH, KW, sh, sw, rh, 
 
 
 # Operands (bytes, data and result together) from which the kernels ask for
-# each job's next rows ahead (:func:`_prefetch_next`): from memory the hardware
+# each job's next rows ahead (:func:`_ahead`): from memory the hardware
 # prefetchers, following a few elements of each of several rows at a time,
 # leave the cores waiting. Long rows (in chunks) are left out: N=32 147x147x128
 # 48-49 / 51-52 ms (Intel, without / with).
@@ -365,20 +376,62 @@ _PREFETCH_FORWARD = _ZEN
 
 
 @njit(inline="always")
-def _prefetch_next(a, job, jobs, out_rows, step, first, span, rows, length):
-    """Ask for the rows of ``a`` (images of ``rows`` rows of ``length``
-    elements) that job ``job + 1`` reads and job ``job`` does not to be brought
-    into L2. Job j is output row o of image n (``out_rows`` rows an image) and
-    reads rows ``o*step + first`` to ``o*step + first + span`` (those inside)."""
+def _ahead(job, jobs, out_rows, step, first, span, rows, length):
+    """(a, b): the elements of the rows (images of ``rows`` rows of ``length``
+    elements) that job ``job + 1`` reads and job ``job`` does not, to be asked
+    for while job ``job`` runs (:func:`_ask`). Job j is output row o of image n
+    (``out_rows`` rows an image) and reads rows ``o*step + first`` to ``o*step +
+    first + span`` (those inside)."""
     if job + 1 < jobs:
         n, o = _split(job + 1, out_rows)
         hi = o * step + first + span
         lo = o * step + first if o == 0 else max(hi - step + 1, o * step + first)
-        line = 64 // a.itemsize
-        for r in range(max(lo, 0), min(hi + 1, rows)):
-            at = (n * rows + r) * length
-            for i in range(at, at + length, line):
-                _prefetch(a, i)
+        lo, hi = max(lo, 0), min(hi + 1, rows)
+        if lo < hi:
+            return (n * rows + lo) * length, (n * rows + hi) * length
+    return 0, 0
+
+
+@njit(inline="always")
+def _ask(a, lo, hi):
+    """Ask for the cache lines of ``a[lo:hi]`` to be brought into L2."""
+    line = 64 // a.itemsize
+    for i in range(lo - lo % line, hi, line):
+        _prefetch(a, i)
+
+
+@njit(inline="always")
+def _ask_share(a, lo, hi, i, shares):
+    """:func:`_ask` for share ``i`` of ``shares`` of ``a[lo:hi]``."""
+    _ask(a, lo + i * (hi - lo) // shares, lo + (i + 1) * (hi - lo) // shares)
+
+
+# Lines of each array asked for (:func:`_ask`) before each piece of a row: asked
+# for all at once, the next row's lines fill the queue of misses and the row's
+# computation waits behind them. Zen 4, 2 threads, N=32, NHWC, each version in
+# processes of its own, alternating, 3 rounds, the whole row at the start /
+# pieces of 32 lines (ms): forward 56x56x144 (rows of 504 lines) 6.4-9.8 /
+# 3.1-4.5, 112x112x32 4.2-5.6 / 2.9-3.0, 19x19x728 3.8-5.0 / 3.4-3.9, 56x56x96
+# 7x7 9.1-9.3 / 7.1-7.2; input gradient 56x56x144 5.3-7.7 / 3.4-4.4, 112x112x32
+# 4.2-5.4 / 3.2-4.2; filter gradient 56x56x144 7.2-9.7 / 5.4-6.1, 112x112x32
+# 4.7-6.4 / 3.8-5.6 (32 lines of both arrays together there, pieces of 8 pixels:
+# 6.2-7.8; pieces of at least 8 or 16 pixels at 56x56x144: 8.1-10.1 against
+# 6.5-6.9 with 4). Both in one process on the same arrays they measured even
+# (56x56x144 forward 4.7 / 4.8; N=8 and the smaller maps within 3 %), and so did
+# the whole row in some processes of its own: how fast the whole row runs
+# depends on the process, the pieces much less. Intel cores: not measured, the
+# whole row.
+_PIECE_LINES = 32 if _ZEN else 1 << 30
+
+
+@njit(inline="always")
+def _pieces(run, elements, itemsize):
+    """The pixels of a row of ``run`` pixels computed per piece when ``elements``
+    are asked for across it, about ``_PIECE_LINES`` lines a piece: whole blocks
+    (:data:`.simd.BLOCK`) of pixels."""
+    pieces = max(1, elements * itemsize // (64 * _PIECE_LINES))
+    n = (run + pieces - 1) // pieces
+    return min(run, (n + _BLOCK - 1) // _BLOCK * _BLOCK)
 
 
 @njit(inline="always")
@@ -388,21 +441,31 @@ def _side(i, a, b):
 
 
 @njit(nogil=True, cache=True)
-def _dots(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, M, edges):
+def _dots(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, M, edges,
+          ahead):
     """Add into ``part`` (flat ``[kh, kw, c]``, from ``a0``) the products of ``run``
     output-gradient pixels from ``dy[g0]`` (``C`` apart) with the ``rows`` x KW
     window taps they read from ``src``, pixel k's tap (r, j) at ``src[s0 +
     k*sstep + r*rowstep + j*colstep]``, leaving out the columns outside the map
     that ``edges`` describes (:func:`.simd.dots_rows`, its pixel range relative
     to pixel 0). ``rows``, KW, M: compile-time constants (M: ``src`` holds a
-    depth multiplier M's input, as in :func:`_row`)."""
+    depth multiplier M's input, as in :func:`_row`). ``ahead``: (a, b, c, d),
+    the elements ``src[a:b]`` and ``dy[c:d]`` to ask for, spread over the
+    pixels as :func:`_row` spreads its."""
     literally(rows)
     literally(KW)
     literally(M)
     n = _chunk(run, C)
-    for k in range(0, run, n):
+    asked = max(ahead[1] - ahead[0], ahead[3] - ahead[2])
+    if asked > 0:
+        n = _pieces(run, asked, src.itemsize)
+    pieces = (run + n - 1) // n
+    for i in range(pieces):
         # (no overlap here: each product is added once)
+        k = i * n
         m = min(n, run - k)
+        _ask_share(src, ahead[0], ahead[1], i, pieces)
+        _ask_share(dy, ahead[2], ahead[3], i, pieces)
         if edges is None:
             _dots_rows(part, a0, C, src, s0 + k * sstep, sstep, rowstep, colstep, dy, g0 + k * C,
                        C, m, C, rows, KW, M, None)
@@ -425,16 +488,19 @@ def _dots_pixel(part, a0, arow, src, s0, rowstep, colstep, dy, g0, C, rows, cols
 
 
 @njit(inline="always")
-def _gather_row(dst, d0, dyf, n, ih, wt, H, W, C, OH, OW, KH, KW, rh, rw, ph, pw, lo, hi, NT):
+def _gather_row(dst, d0, dyf, n, ih, wt, H, W, C, OH, OW, KH, KW, rh, rw, ph, pw, lo, hi, NT,
+                ahead):
     """Input row ``ih`` of image ``n`` of a stride-1 input gradient (C channels)
-    into ``dst`` from ``d0``: pixels [lo, hi) in blocks (:func:`_row`), the others
-    one at a time."""
+    into ``dst`` from ``d0``: pixels [lo, hi) in blocks (:func:`_row`, asking for
+    ``dyf[a:b]`` of ``ahead`` across them), the others one at a time."""
     oh0 = ih + ph
     k0, k1 = _taps_inside(oh0, -rh, KH, OH)
     s0 = ((n * OH + oh0) * OW + lo + pw) * C
     if lo < hi:
         _row(dst, d0 + lo * C, dyf, s0, C, -OW * rh * C, -rw * C, wt, C, hi - lo, k0, k1, KW,
-             NT, (lo + pw, 1, -rw, OW, C), 1)
+             NT, (lo + pw, 1, -rw, OW, C), 1, ahead)
+    else:
+        _ask(dyf, ahead[0], ahead[1])
     for i in range(lo + W - hi):
         iw = _side(i, lo, hi)
         j0, j1 = _taps_inside(iw + pw, -rw, KW, OW)
@@ -460,10 +526,10 @@ def _build(KH, KW, NT, M):
         ahead = (_PREFETCH_FORWARD and OW * C <= _LONG_ROW
                  and x.size * x.itemsize + y.size * y.itemsize > _PREFETCH_BYTES)
         for job in range(*_part(part, parts, jobs)):
-            if ahead:
-                _prefetch_next(xf, job, jobs, OH, sh, -ph, (KH - 1) * rh, H, W * CI)
+            span = (_ahead(job, jobs, OH, sh, -ph, (KH - 1) * rh, H, W * CI) if ahead
+                    else (0, 0))
             _forward_row(yf, job * OW * C, xf, wt, job, H, W, CI, C, OH, OW, KH, KW, sh, sw,
-                         rh, rw, ph, pw, lo, hi, edges, NT, M)
+                         rh, rw, ph, pw, lo, hi, edges, NT, M, span)
         if NT:
             _sfence()
 
@@ -494,7 +560,7 @@ def _build(KH, KW, NT, M):
             j1 = min(b, j0 + group)
             for job in range(j0, j1):
                 _forward_row(zf, (job - j0) * OW * C, xf, wt, job, H, W, CI, C, OH, OW, KH,
-                             KW, sh, sw, rh, rw, ph, pw, lo, hi, edges, 0, M)
+                             KW, sh, sw, rh, rw, ph, pw, lo, hi, edges, 0, M, (0, 0))
             _pointwise_rows(yf, j0 * OW * F, F, zf, 0, C, 1, pkf, 0, FP, F, C,
                             (j1 - j0) * OW, vecs, NT)
         if NT:
@@ -521,16 +587,15 @@ def _build(KH, KW, NT, M):
                  and dy.size * dy.itemsize + dx.size * dx.itemsize > _PREFETCH_BYTES)
         rep = np.empty(W * C if M > 1 else 0, np.float32)
         for job in range(*_part(part, parts, jobs)):
-            if ahead:
-                _prefetch_next(dyf, job, jobs, H, 1, ph - (KH - 1) * rh, (KH - 1) * rh,
-                               OH, OW * C)
+            span = (_ahead(job, jobs, H, 1, ph - (KH - 1) * rh, (KH - 1) * rh, OH, OW * C)
+                    if ahead else (0, 0))
             n, ih = _split(job, H)
             if M == 1:
                 _gather_row(dxf, job * W * C, dyf, n, ih, wt, H, W, C, OH, OW, KH, KW,
-                            rh, rw, ph, pw, lo, hi, NT)
+                            rh, rw, ph, pw, lo, hi, NT, span)
             else:
                 _gather_row(rep, 0, dyf, n, ih, wt, H, W, C, OH, OW, KH, KW, rh, rw, ph,
-                            pw, lo, hi, 0)
+                            pw, lo, hi, 0, span)
                 _sum_groups(dxf, job * W * CI, CI, rep, 0, C, W, CI, M, NT)
         if NT:
             _sfence()
@@ -620,9 +685,8 @@ def _build(KH, KW, NT, M):
         part[:] = 0
         pf = part.reshape(KH * KW * C)
         for job in range(p * rows // P, (p + 1) * rows // P):
-            if ahead:
-                _prefetch_next(xf, job, rows, OH, sh, -ph, (KH - 1) * rh, H, W * CI)
-                _prefetch_next(dyf, job, rows, OH, 1, 0, 0, OH, OW * C)
+            span = ((_ahead(job, rows, OH, sh, -ph, (KH - 1) * rh, H, W * CI)
+                     + _ahead(job, rows, OH, 1, 0, 0, OH, OW * C)) if ahead else (0, 0, 0, 0))
             nd, oh = _split(job, OH)
             n, od = _split(nd, OD)
             ih0 = oh * sh - ph
@@ -630,19 +694,22 @@ def _build(KH, KW, NT, M):
             # (s0 points at pixel lo's first tap column, which may lie outside)
             s0 = ((n * H + ih0) * W + lo * sw - pw) * CI
             g0 = (job * OW + lo) * C
-            if lo >= hi:
-                pass
+            if lo >= hi or k0 == k1:
+                _ask(xf, span[0], span[1])
+                _ask(dyf, span[2], span[3])
             elif ALL == KH and k0 == 0 and k1 == KH:
                 _dots(pf, 0, xf, s0, sw * CI, W * rh * CI, rw * CI, dyf, g0, C, hi - lo,
-                      ALL, KW, M, edges)
+                      ALL, KW, M, edges, span)
+            # (the lines asked for spread over the first window row's pixels)
             elif SIDES:
                 for r in range(k0, k1):
                     _dots(pf, r * KW * C, xf, s0 + r * W * rh * CI, sw * CI, 0, rw * CI,
-                          dyf, g0, C, hi - lo, 1, KW, M, None)
+                          dyf, g0, C, hi - lo, 1, KW, M, None, span if r == k0 else (0, 0, 0, 0))
             else:
                 for r in range(k0, k1):
                     _dots(pf, r * KW * C, xf, s0 + r * W * rh * CI, sw * CI, 0, rw * CI,
-                          dyf, g0, C, hi - lo, 1, KW, M, edges)
+                          dyf, g0, C, hi - lo, 1, KW, M, edges,
+                          span if r == k0 else (0, 0, 0, 0))
             for i in range(a + OW - b if SIDES else 0):
                 ow = _side(i, a, b)
                 iw0 = ow * sw - pw
