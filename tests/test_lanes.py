@@ -200,6 +200,14 @@ def test_filters_larger_than_l1(route, k, channels, strides, dilations, padding)
     _assert_lanes_give_row_bits(route, xs, fs, attrs, seed=channels)
 
 
+def _result(shape, aligned, skip):
+    """A float32 array of ``shape``: 64-byte aligned, or ``skip`` elements past a
+    64-byte boundary."""
+    if aligned:
+        return numbasep.empty_aligned(shape)
+    return numbasep.empty_aligned(math.prod(shape) + skip)[skip:].reshape(shape)
+
+
 @pytest.mark.skipif(not numbasep.backends.cpu.simd.STREAMS, reason="x86 only")
 @pytest.mark.parametrize("k, strides", [((3, 3), (1, 1)), ((5, 5), (2, 2)), ((7, 7), (1, 1))])
 def test_large_results_written_with_streaming_stores(route, monkeypatch, k, strides):
@@ -223,10 +231,7 @@ def test_large_results_written_with_streaming_stores(route, monkeypatch, k, stri
     dx_plain = BI(list(xs), w, dy, **attrs)
     for aligned in (True, False):
         ran.clear()
-        y = numbasep.empty_aligned(y_plain.shape) if aligned else \
-            numbasep.empty_aligned(y_plain.size + 4)[4:].reshape(y_plain.shape)
-        dx = numbasep.empty_aligned(xs) if aligned else \
-            numbasep.empty_aligned(x.size + 4)[4:].reshape(xs)
+        y, dx = _result(y_plain.shape, aligned, 4), _result(xs, aligned, 4)
         F(x, w, **attrs, out=y)
         BI(list(xs), w, dy, **attrs, out=dx)
         np.testing.assert_array_equal(y, y_plain)
@@ -264,6 +269,63 @@ def test_multiplier_input_gradients_stream_large_results(monkeypatch):
         got[aligned] = dx
     np.testing.assert_array_equal(got[True], got[False])
     np.testing.assert_allclose(got[True], want, rtol=1e-5, atol=1e-5 * (1 + np.abs(want).max()))
+
+
+@pytest.mark.skipif(not numbasep.backends.cpu.simd.STREAMS, reason="x86 only")
+@pytest.mark.parametrize("k, multiplier", [((3, 3), 1), ((3, 3), 2)])
+def test_pixels_ending_in_a_group_of_8_stream_in_halves(route, monkeypatch, k, multiplier):
+    """Results above ``driver._STREAM_BYTES`` (lowered to 0) whose pixels end in a
+    group of 8 channels: on Zen 4 (``simd.ZEN``, set here) the forward and the
+    stride-1 input gradient store each vector in two halves, non-temporal, into a
+    64-byte-aligned result (odd widths: half the rows start mid-line); the
+    strided input gradient, and any unaligned result, stores plainly. The bits
+    are those of the plain kernels, and the values the reference's."""
+    wide = numbasep.backends.cpu.simd.WIDE
+    seen = route(True)
+    monkeypatch.setattr(driver, "_STREAM_BYTES", 0)
+    monkeypatch.setattr(driver.simd, "ZEN", True)
+    ran = []
+    real = driver._launch
+    monkeypatch.setattr(driver, "_launch", lambda kern, *a: (ran.append(kern), real(kern, *a)))
+    rng = np.random.default_rng(5)
+    channels = wide + 8            # (AVX2: a multiple of the vector, streamed whole)
+    xs = (2, 9, 13, channels)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(k + (channels, multiplier)).astype(np.float32)
+    plain = lanes.kernels(*k, multiplier=multiplier)
+
+    def streaming(result_channels):
+        return lanes.kernels(*k, stream=1 if result_channels % wide == 0 else 2,
+                             multiplier=multiplier)
+    for strides in ((1, 1), (2, 2)) if multiplier == 1 else ((1, 1),):
+        attrs = dict(strides=[1, *strides, 1], padding="SAME")
+        with monkeypatch.context() as unpatched:
+            unpatched.setattr(driver, "_STREAM_BYTES", 1 << 62)
+            y_plain = F(x, w, **attrs)
+            dy = rng.standard_normal(y_plain.shape).astype(np.float32)
+            dx_plain = BI(list(xs), w, dy, **attrs)
+        args64 = [a.astype(np.float64) for a in (x, w, dy)]
+        y_ref = R.raw_forward(args64[0], args64[1], **attrs)
+        dx_ref = R.raw_backprop_input(list(xs), args64[1], args64[2], **attrs)
+        np.testing.assert_allclose(y_plain, y_ref, rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(dx_plain, dx_ref, rtol=1e-5, atol=1e-4)
+        for aligned in (True, False):
+            ran.clear()
+            y, dx = _result(y_plain.shape, aligned, 8), _result(xs, aligned, 8)
+            y[...] = np.nan
+            dx[...] = np.nan
+            F(x, w, **attrs, out=y)
+            BI(list(xs), w, dy, **attrs, out=dx)
+            np.testing.assert_array_equal(y.view(np.uint32), y_plain.view(np.uint32))
+            np.testing.assert_array_equal(dx.view(np.uint32), dx_plain.view(np.uint32))
+            fwd = (streaming(channels * multiplier) if aligned else plain).forward
+            if strides != (1, 1):
+                whole = aligned and channels % wide == 0
+                bin_kernel = (streaming(channels) if whole else plain).backprop_input_strided
+            else:
+                bin_kernel = (streaming(channels) if aligned else plain).backprop_input
+            assert ran == [fwd, bin_kernel]
+    assert all(seen)
 
 
 _MULTIPLIER_ROUTES = {"_multiplier_forward_route": driver._multiplier_forward_route,

@@ -446,19 +446,37 @@ class _Launch:
 # MB) even.
 _STREAM_BYTES = (8 if simd.ZEN else 32) << 20
 
+# Results whose pixels end in a group of 8 channels (a multiple of 8 but not of
+# simd.WIDE): on Zen 4 (``simd.ZEN``, whose 16-lane stores are two 8-lane ones
+# inside) the forward and the stride-1 input gradient stream them too, each
+# vector stored as two halves (the kernels' ``stream`` 2), which only need an
+# alignment of 8 lanes. 2 threads, NHWC, the two in one process on the same
+# arrays (plain / halves, by ``_STREAM_BYTES``), alternating, 3 rounds of
+# fresh arrays, medians (ms): N=32 56x56x72 5x5 forward 3.92 / 3.38, input
+# gradient 4.52 / 3.85; N=32 28x28x120 5x5 1.47 / 1.38 and 1.79 / 1.67; N=16
+# 56x56x72 5x5 1.69 / 1.54 and 2.02 / 1.83. The strided input gradient lost
+# (N=32 56x56x72 5x5 stride 2: 4.02 / 4.35; N=16 1.20 / 2.00): its phases write
+# a pixel's channels, and the halves of the lines two pixels share, at
+# different times. Intel cores: not measured, plain.
+_HALVES = {"forward", "backprop_input"}
+
 
 def _streaming(plan, name, res_shape, channels):
     """The lane kernel ``name`` (of ``plan``'s window and multiplier) that writes
     its result with non-temporal stores, or None: for float32 results of
     ``res_shape`` larger than ``_STREAM_BYTES``, with whole vectors of
     ``channels`` per pixel (a multiple of ``simd.WIDE``, so that every vector
-    stored starts on a vector boundary). It runs when the result's array is
-    64-byte aligned (:func:`_kernel_for`)."""
-    if not (simd.STREAMS and plan.dtype == _F32 and channels % simd.WIDE == 0
+    stored starts on a vector boundary), or, for the kernels of ``_HALVES``
+    on Zen 4, a multiple of 8 (each vector stored in halves). It runs when the
+    result's array is 64-byte aligned (:func:`_kernel_for`)."""
+    if not (simd.STREAMS and plan.dtype == _F32 and channels % 8 == 0
             and math.prod(res_shape) * _F32.itemsize > _STREAM_BYTES):
         return None
+    stream = 1 if channels % simd.WIDE == 0 else 2
+    if stream == 2 and not (simd.ZEN and name in _HALVES):
+        return None
     k = plan.kernel
-    return getattr(lanes.kernels(k[1], k[2], stream=True, multiplier=plan.multiplier), name)
+    return getattr(lanes.kernels(k[1], k[2], stream=stream, multiplier=plan.multiplier), name)
 
 
 # Results (bytes) from which the plane kernels' forward and strided input

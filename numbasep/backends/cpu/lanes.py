@@ -166,9 +166,10 @@ def _row(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW, NT, 
     rows [k0, k1) of a window of KW columns (a compile-time constant), pixel
     k's tap (r, j) at ``src[s0 + k*sstep + r*rowstep + j*colstep]``, 16 channels
     at a time (then 8), leaving out the columns outside the map that ``edges``
-    describes (:func:`.simd.taps_rows`); NT (0 or 1, a compile-time constant):
-    non-temporal stores; M (a compile-time constant): ``src`` holds a depth
-    multiplier M's input (its channel c // M for output channel c). ``ahead``:
+    describes (:func:`.simd.taps_rows`); NT (0, 1 or 2, a compile-time
+    constant): non-temporal stores (2: in halves, :meth:`.simd._Lanes.put`); M
+    (a compile-time constant): ``src`` holds a depth multiplier M's input (its
+    channel c // M for output channel c). ``ahead``:
     the elements [a, b) of ``src`` to ask for (:func:`_ahead`), spread over
     the row in pieces (:func:`_pieces`)."""
     literally(KW)
@@ -416,11 +417,9 @@ def _ask_share(a, lo, hi, i, shares):
 # 4.2-5.4 / 3.2-4.2; filter gradient 56x56x144 7.2-9.7 / 5.4-6.1, 112x112x32
 # 4.7-6.4 / 3.8-5.6 (32 lines of both arrays together there, pieces of 8 pixels:
 # 6.2-7.8; pieces of at least 8 or 16 pixels at 56x56x144: 8.1-10.1 against
-# 6.5-6.9 with 4). Both in one process on the same arrays they measured even
-# (56x56x144 forward 4.7 / 4.8; N=8 and the smaller maps within 3 %), and so did
-# the whole row in some processes of its own: how fast the whole row runs
-# depends on the process, the pieces much less. Intel cores: not measured, the
-# whole row.
+# 6.5-6.9 with 4). (A comparison in one process that read even timed these
+# kernels twice: the old package's copy found its kernels by the registry's
+# module name, this one's.) Intel cores: not measured, the whole row.
 _PIECE_LINES = 32 if _ZEN else 1 << 30
 
 
@@ -732,8 +731,9 @@ class LaneKernels:
     """The lane kernels for one window shape: ``forward``, ``backprop_input`` (stride
     1), ``backprop_input_strided`` (dilation 1) and ``backprop_filter``; with
     ``stream``, the first three and ``separable_forward`` writing their results
-    with non-temporal stores (every result vector must be aligned to its size:
-    the driver's ``_streaming``); with ``multiplier`` M above 1, ``forward``,
+    with non-temporal stores (every result vector must be aligned to its size,
+    with ``stream`` 2 to half its size, stored in halves: the driver's
+    ``_streaming``); with ``multiplier`` M above 1, ``forward``,
     ``backprop_input`` and ``backprop_filter`` serve a depth multiplier M
     (``backprop_input_strided`` serves multiplier 1 only)."""
 
@@ -748,9 +748,10 @@ _sets = {}
 
 def kernels(KH, KW, stream=False, multiplier=1):
     """The lane kernels for a KH x KW window of ``WINDOWS`` (``stream``: writing
-    with non-temporal stores; ``multiplier``: a depth multiplier of
+    with non-temporal stores, True or 1 whole vectors, 2 each vector in two
+    halves (:meth:`.simd._Lanes.put`); ``multiplier``: a depth multiplier of
     :data:`.simd.REPEATS`)."""
-    key = (KH, KW, bool(stream), multiplier)
+    key = (KH, KW, int(stream), multiplier)
     if key not in _sets:
         _sets[key] = LaneKernels(*key)
     return _sets[key]

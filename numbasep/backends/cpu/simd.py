@@ -238,13 +238,24 @@ class _Lanes:
         """Store a vector of results into array ``i``: rounded to 16 bits when the
         array holds bit patterns (as :func:`.halves.narrow_into` rounds: to
         nearest even; a bfloat16 NaN becomes the quiet 0x7FC0 with its sign).
-        ``stream``: a non-temporal store of floats, which must be aligned to the
-        vector's size (the line is written without being read first)."""
+        ``stream``: a non-temporal store of floats (the line is written without
+        being read first), which must be aligned to the vector's size; 2: two
+        stores of half a vector each, which must be aligned to half its size."""
         dtype = self.types[i].dtype
         if dtype not in (types.uint16, types.int16):
+            n = self.vty.count
+            if stream == 2 and n % 2 == 0:
+                b = self.builder
+                for k in (0, n // 2):
+                    half = b.shuffle_vector(value, value, ir.Constant(
+                        ir.VectorType(_I32, n // 2), list(range(k, k + n // 2))))
+                    at = b.gep(self.arrays[i].data, [b.add(off, ir.Constant(off.type, k))])
+                    _nontemporal(b.store(half, b.bitcast(at, half.type.as_pointer()),
+                                         align=n // 2 * self.align), b)
+                return None
             if stream:
                 return _nontemporal(self.builder.store(
-                    value, self._ptr(i, off), align=self.vty.count * self.align), self.builder)
+                    value, self._ptr(i, off), align=n * self.align), self.builder)
             return self.store(value, i, off)
         h = self._narrowed(value, dtype)
         self.builder.store(h, self.builder.bitcast(self.builder.gep(self.arrays[i].data, [off]),
