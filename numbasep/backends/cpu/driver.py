@@ -452,9 +452,12 @@ _STREAM_BYTES = (8 if simd.ZEN else 32) << 20
 # vector stored as two halves (the kernels' ``stream`` 2), which only need an
 # alignment of 8 lanes. 2 threads, NHWC, the two in one process on the same
 # arrays (plain / halves, by ``_STREAM_BYTES``), alternating, 3 rounds of
-# fresh arrays, medians (ms): N=32 56x56x72 5x5 forward 3.92 / 3.38, input
-# gradient 4.52 / 3.85; N=32 28x28x120 5x5 1.47 / 1.38 and 1.79 / 1.67; N=16
-# 56x56x72 5x5 1.69 / 1.54 and 2.02 / 1.83. The strided input gradient lost
+# fresh arrays, medians, one or two runs (ms): N=32 56x56x72 5x5 forward 3.92 /
+# 3.38 and 3.88 / 3.50, input gradient 4.52 / 3.85 and 4.71 / 3.73; N=32
+# 19x19x728 forward 4.01 / 3.08, input gradient 3.67 / 2.74; N=32 28x28x120 5x5
+# forward 1.47 / 1.38 and 1.41 / 1.44, input gradient 1.79 / 1.67 and 1.94 /
+# 1.64; N=16 56x56x72 5x5 forward 1.69 / 1.54 and 1.63 / 1.73, input gradient
+# 2.02 / 1.83 and 1.94 / 1.76. The strided input gradient lost
 # (N=32 56x56x72 5x5 stride 2: 4.02 / 4.35; N=16 1.20 / 2.00): its phases write
 # a pixel's channels, and the halves of the lines two pixels share, at
 # different times. Intel cores: not measured, plain.
