@@ -239,12 +239,14 @@ class _Lanes:
         array holds bit patterns (as :func:`.halves.narrow_into` rounds: to
         nearest even; a bfloat16 NaN becomes the quiet 0x7FC0 with its sign).
         ``stream``: a non-temporal store of floats (the line is written without
-        being read first), which must be aligned to the vector's size; 2: two
-        stores of half a vector each, which must be aligned to half its size."""
+        being read first), which must be aligned to the vector's size; 2: a
+        vector of more than 32 bytes in two stores of half a vector each, which
+        must be aligned to half its size (32 bytes or less: aligned to its
+        size)."""
         dtype = self.types[i].dtype
         if dtype not in (types.uint16, types.int16):
             n = self.vty.count
-            if stream == 2 and n % 2 == 0:
+            if stream == 2 and n * self.align > 32:
                 b = self.builder
                 for k in (0, n // 2):
                     half = b.shuffle_vector(value, value, ir.Constant(
