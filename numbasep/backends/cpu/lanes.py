@@ -159,9 +159,47 @@ _PAIRED_ROW = 16
 _GROUP_PAIRS = -_GROUPS
 
 
-@njit(nogil=True, cache=True)
+# Windows up to this wide have their rows (:func:`_row`) inlined into the task;
+# wider ones call a function of their own (:func:`_row_apart`). A callee is
+# linked into the task's module and optimised a second time there (see
+# :func:`_phase_row`); inlined, 3x3 rows ran faster and 5x5 ones with 8 (mod
+# 16) channels slower. 2 threads, medians of 4 alternating processes, both from
+# Numba's cache, apart / inlined (ms): N=8 112x112x32 forward 0.80 / 0.56,
+# input gradient 0.95 / 0.55; N=32 28x28x192 1.05 / 0.87, 1.14 / 0.88; N=8
+# 28x28x192 0.22 / 0.17, 0.24 / 0.18; N=8 56x56x72 5x5 0.62 / 0.74, 0.68 /
+# 0.73; stride-2 forward 0.235 / 0.261; 28x28x240 5x5 and 56x56x96 7x7 within
+# 6 %.
+_INLINED_ROW = 3
+
+
+@njit(inline="always")
 def _row(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW, NT, edges, M,
          ahead):
+    """:func:`_row_here` inlined, or, for windows wider than ``_INLINED_ROW``,
+    called (:func:`_row_apart`)."""
+    if KW <= _INLINED_ROW:
+        _row_here(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW, NT,
+                  edges, M, ahead)
+    else:
+        _row_apart(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW, NT,
+                   edges, M, ahead)
+
+
+@njit(nogil=True, cache=True)
+def _row_apart(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW, NT, edges,
+               M, ahead):
+    """:func:`_row_here` as a function of its own, compiled per window width,
+    multiplier and store kind."""
+    literally(KW)
+    literally(NT)
+    literally(M)
+    _row_here(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW, NT, edges, M,
+              ahead)
+
+
+@njit(inline="always")
+def _row_here(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW, NT, edges, M,
+              ahead):
     """``run`` output pixels from ``dst[d0]`` on, ``C`` apart: the taps of window
     rows [k0, k1) of a window of KW columns (a compile-time constant), pixel
     k's tap (r, j) at ``src[s0 + k*sstep + r*rowstep + j*colstep]``, 16 channels
@@ -172,9 +210,6 @@ def _row(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW, NT, 
     channel c // M for output channel c). ``ahead``:
     the elements [a, b) of ``src`` to ask for (:func:`_ahead`), spread over
     the row in pieces (:func:`_pieces`)."""
-    literally(KW)
-    literally(NT)
-    literally(M)
     rows = k1 - k0
     if rows == 0:
         _ask(src, ahead[0], ahead[1])
@@ -240,15 +275,24 @@ _CHUNKED_ROW = 1 << 13
 _PHASE_CHUNK = 8
 
 
-@njit(nogil=True, cache=True)
+# Inlined into the task, not a function of its own. Numba links a jitted callee
+# into its caller's module, where LLVM optimises it a second time: that copy of
+# this function was twice the size, and it is what a process runs when it loads
+# the task from Numba's cache (the process that compiled the task runs the
+# callee's own compilation, already in memory). 2 threads, from the cache,
+# called / inlined (ms), medians of 4 alternating processes: 4x56x56x72 5x5
+# stride 2 0.329 / 0.209, 8x56x56x144 3x3 stride 2 0.596 / 0.559; two processes
+# each: 8x56x56x72 5x5 stride 2 0.64 / 0.40 (the process that compiled the
+# called version: 0.46-0.49).
+@njit(inline="always")
 def _phase_row(dst, d0, dstep, src, s0, rowstep, wt, w0, wrow, wstep, C, run, rows, J, chunk,
                NT):
     """``run`` input-gradient pixels of one column phase from ``dst[d0]`` on,
     ``dstep`` apart, each the gather of ``rows`` x J taps (J a compile-time
     constant, 1 to 4): pixel k's tap (r, j) at ``src[s0 + (k - j)*C + r*rowstep]``
     and ``wt[w0 + r*wrow + j*wstep]``; zeros when there are no taps. ``chunk``
-    pixels at a time (the last chunk ends at pixel ``run``); NT as in :func:`_row`."""
-    literally(NT)
+    pixels at a time (the last chunk ends at pixel ``run``); NT as in :func:`_row`
+    (the task's constant)."""
     if rows == 0 or J == 0:
         for k in range(run):
             dst[d0 + k * dstep:d0 + k * dstep + C] = 0
