@@ -270,8 +270,13 @@ def _part(part, parts, jobs):
 # interleaved rounds, whole phase / chunks of 8 (of 4, 12, 16 and 32 pixels, 8
 # measured best): 112x112x96 3x3 (rows of 10752) N=8 1.82-1.96 / 1.57-1.60 ms,
 # N=1 0.216 / 0.185, N=32 14.3 / 14.5; 56x56x144 3x3 (8064) N=8 0.51-0.59 /
-# 0.53-0.55; 56x56x72 5x5 (4032) N=8 0.31-0.35 / 0.34-0.39.
-_CHUNKED_ROW = 1 << 13
+# 0.53-0.55; 56x56x72 5x5 (4032) N=8 0.31-0.35 / 0.34-0.39. Those figures
+# are of the phase rows as a called function (:func:`_phase_row`); inlined, the
+# rows of 112x112x96 ran faster whole (limit 2^14 / 2^13 elements, from the
+# cache, medians of 4-5 alternating processes, ms): N=1 0.165 / 0.195 and
+# 0.135 / 0.161, N=8 1.56 / 1.81 and 1.47 / 1.51, N=32 7.95 / 7.53 and 7.32 /
+# 7.31. Longer rows were not measured and keep their chunks.
+_CHUNKED_ROW = 1 << 14
 _PHASE_CHUNK = 8
 
 
