@@ -296,7 +296,7 @@ def _phase_row(dst, d0, dstep, src, s0, rowstep, wt, w0, wrow, wstep, C, run, ro
     ``dstep`` apart, each the gather of ``rows`` x J taps (J a compile-time
     constant, 1 to 4): pixel k's tap (r, j) at ``src[s0 + (k - j)*C + r*rowstep]``
     and ``wt[w0 + r*wrow + j*wstep]``; zeros when there are no taps. ``chunk``
-    pixels at a time (the last chunk ends at pixel ``run``); NT as in :func:`_row`
+    pixels at a time (the last chunk ends at pixel ``run``); NT as in :func:`_row_here`
     (the task's constant)."""
     if rows == 0 or J == 0:
         for k in range(run):
@@ -334,7 +334,7 @@ def _phase_chunk(dst, d0, dstep, src, s0, rowstep, wt, w0, wrow, wstep, C, run, 
 def _pixel(dst, d0, src, s0, rowstep, colstep, wt, w0, wrow, wstep, C, rows, cols, NT):
     """One output pixel's ``C`` channels at ``dst[d0]``: the taps of ``rows`` x
     ``cols`` window rows and columns, the first at ``src[s0]`` and ``wt[w0]``
-    (zeros when none); NT as in :func:`_row`."""
+    (zeros when none); NT as in :func:`_row_here`."""
     if rows <= 0 or cols <= 0:
         dst[d0:d0 + C] = 0
         return
@@ -497,9 +497,9 @@ def _dots(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, 
     k*sstep + r*rowstep + j*colstep]``, leaving out the columns outside the map
     that ``edges`` describes (:func:`.simd.dots_rows`, its pixel range relative
     to pixel 0). ``rows``, KW, M: compile-time constants (M: ``src`` holds a
-    depth multiplier M's input, as in :func:`_row`). ``ahead``: (a, b, c, d),
+    depth multiplier M's input, as in :func:`_row_here`). ``ahead``: (a, b, c, d),
     the elements ``src[a:b]`` and ``dy[c:d]`` to ask for, spread over the
-    pixels as :func:`_row` spreads its."""
+    pixels as :func:`_row_here` spreads its."""
     literally(rows)
     literally(KW)
     literally(M)
