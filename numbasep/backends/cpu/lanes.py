@@ -419,6 +419,16 @@ def _forward_row(dst, d0, xf, wt, job, H, W, CI, C, OH, OW, KH, KW, sh, sw, rh, 
 # / 2.45; N=8 56x56x96 7x7 forward 1.67 / 1.58; N=8 112x112x32 and N=32
 # 14x14x384 even.
 _PREFETCH_BYTES = (16 if _ZEN else 64) << 20
+# The 3x3 filter gradient (all window rows in one pass) on Zen asks from 20 MB:
+# below, its operands stay in the L3 from call to call and the requests, which
+# split each row into pieces, cost more than they bring. 2 threads, from the
+# cache, medians of 6-20 alternating processes, without / with (ms): N=8
+# 56x56x144 stride 2 (17 MB) 0.32-0.42 / 0.47-0.58 in four runs; 19x19x728 (16
+# MB) 0.58 / 0.68, 1.00 / 0.74, 0.65 / 0.82. The 7x7 filter gradients of 18 MB
+# lost without (N=8 56x56x96 2.07 / 1.88, N=32 14x14x384 2.84 / 2.73), and the
+# 3x3 ones above 20 MB too (N=8 112x112x32 (25 MB) 1.38 / 1.11, 56x56x144 (29
+# MB) 2.14 / 1.80).
+_PREFETCH_ALL_BYTES = max(_PREFETCH_BYTES, 20 << 20)
 # The windows (rows) from which the stride-1 input gradient asks, and whether
 # the forward does.
 _PREFETCH_INPUT_ROWS = 1 if _ZEN else 5
@@ -727,8 +737,8 @@ def _build(KH, KW, NT, M):
         edges = (a - lo, b - lo, lo * sw - pw, sw, rw, W, CI)
         xf = x.reshape(N * D * H * W * CI)
         dyf = dy.reshape(N * OD * OH * OW * C)
-        ahead = (x.size * x.itemsize + dy.size * dy.itemsize > _PREFETCH_BYTES
-                 and OW * C <= _LONG_ROW)
+        ahead = (x.size * x.itemsize + dy.size * dy.itemsize
+                 > (_PREFETCH_BYTES if SIDES else _PREFETCH_ALL_BYTES) and OW * C <= _LONG_ROW)
         part = parts[p]
         part[:] = 0
         pf = part.reshape(KH * KW * C)
