@@ -445,6 +445,15 @@ class _Launch:
 # MB) 0.23 -> 0.26, 4x112x112x32 (6 MB) forward 0.31 -> 0.32; 8x19x19x728 (8
 # MB) even.
 _STREAM_BYTES = (8 if simd.ZEN else 32) << 20
+# The strided input gradient (lane kernels' phases) on Zen streams results from
+# twice that: below, plain stores into lines the L3 kept from the call before
+# were faster. 2 threads, medians of 8 alternating processes, plain /
+# non-temporal (ms): 3x3 stride 2, 2x112x112x96 (10 MB) 0.26 / 0.37, 8x56x56x144
+# (14 MB) 0.44 / 0.56, 10x56x56x144 (18 MB) 0.83 / 0.71, 12x56x56x144 (22 MB)
+# 1.13 / 0.84; with one tap per pixel, 8x56x56x144 0.32 / 0.55. The stride-1
+# kernels still gained at 10-14 MB in the same runs: 32x14x14x384 forward 0.54
+# / 0.46, input gradient 0.52 / 0.46; 8x112x112x32 0.72 / 0.56 and 0.75 / 0.56.
+_STRIDED_STREAM_SCALE = 2 if simd.ZEN else 1
 
 # Results whose pixels end in a group of 8 channels (a multiple of 8 but not of
 # simd.WIDE): on Zen 4 (``simd.ZEN``, whose 16-lane stores are two 8-lane ones
@@ -467,13 +476,15 @@ _HALVES = {"forward", "backprop_input"}
 def _streaming(plan, name, res_shape, channels):
     """The lane kernel ``name`` (of ``plan``'s window and multiplier) that writes
     its result with non-temporal stores, or None: for float32 results of
-    ``res_shape`` larger than ``_STREAM_BYTES``, with whole vectors of
+    ``res_shape`` larger than ``_STREAM_BYTES`` (the strided input gradient:
+    ``_STRIDED_STREAM_SCALE`` times that), with whole vectors of
     ``channels`` per pixel (a multiple of ``simd.WIDE``, so that every vector
     stored starts on a vector boundary), or, for the kernels of ``_HALVES``
     on Zen 4, a multiple of 8 (each vector stored in halves). It runs when the
     result's array is 64-byte aligned (:func:`_kernel_for`)."""
+    limit = _STREAM_BYTES * (_STRIDED_STREAM_SCALE if name == "backprop_input_strided" else 1)
     if not (simd.STREAMS and plan.dtype == _F32 and channels % 8 == 0
-            and math.prod(res_shape) * _F32.itemsize > _STREAM_BYTES):
+            and math.prod(res_shape) * _F32.itemsize > limit):
         return None
     stream = 1 if channels % simd.WIDE == 0 else 2
     if stream == 2 and not (simd.ZEN and name in _HALVES):
