@@ -512,11 +512,10 @@ def test_filter_gradient_independent_of_thread_count():
     assert any(seen) and len(got) == 1
 
 
-def _images_past_prefetch(image_bytes, limit=None):
-    """Images enough that operands of ``image_bytes`` an image pass ``limit``
-    (default ``lanes._PREFETCH_BYTES``, the host's), with parts that cross
-    images."""
-    return (lanes._PREFETCH_BYTES if limit is None else limit) // image_bytes + 2
+def _images_past_prefetch(image_bytes):
+    """Images enough that operands of ``image_bytes`` an image pass
+    ``lanes._PREFETCH_BYTES`` (the host's), with parts that cross images."""
+    return lanes._PREFETCH_BYTES // image_bytes + 2
 
 
 @pytest.mark.parametrize("k, stride", [(3, 1), (3, 2), (5, 1)])
@@ -556,8 +555,8 @@ def test_forward_of_operands_from_memory(monkeypatch, k, stride):
 
 @pytest.mark.parametrize("stride", [1, 2])
 def test_filter_gradient_of_operands_from_memory(monkeypatch, stride):
-    """Operands above ``lanes._PREFETCH_ALL_BYTES`` (3x3): the filter gradient
-    asks for each job's next rows ahead (parts that cross from one image to the next,
+    """Operands above ``lanes._PREFETCH_BYTES``: the filter gradient asks for
+    each job's next rows ahead (parts that cross from one image to the next,
     windows that reach into the padding, strides 1 and 2); the float64 sums,
     within float32 rounding of 10^5 terms."""
     ran = []
@@ -566,12 +565,12 @@ def test_filter_gradient_of_operands_from_memory(monkeypatch, stride):
     rng = np.random.default_rng(stride)
     size, c, k = 40, 128, 3
     out = -(-size // stride)
-    n = _images_past_prefetch((size * size + out * out) * c * 4, lanes._PREFETCH_ALL_BYTES)
+    n = _images_past_prefetch((size * size + out * out) * c * 4)
     x = numbasep.empty_aligned((n, size, size, c))
     x[...] = rng.uniform(-1, 1, x.shape)
     dy = numbasep.empty_aligned((n, out, out, c))
     dy[...] = rng.uniform(-1, 1, dy.shape)
-    assert x.nbytes + dy.nbytes > lanes._PREFETCH_ALL_BYTES
+    assert x.nbytes + dy.nbytes > lanes._PREFETCH_BYTES
     got = BF(x, [k, k, c, 1], dy, [1, stride, stride, 1], "SAME")
     assert ran[0] is lanes.kernels(k, k).backprop_filter
     before = max((out - 1) * stride + k - size, 0) // 2

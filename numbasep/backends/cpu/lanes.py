@@ -401,34 +401,39 @@ def _forward_row(dst, d0, xf, wt, job, H, W, CI, C, OH, OW, KH, KW, sh, sw, rh, 
 # hardware kept up: N=32 112x112x32 (103 MB) 3.5-3.6 / 3.8-3.9, and so did the
 # forward's (3.2-3.4 / 3.7).
 #
-# AMD Zen 4 (``simd.ZEN``): all three ops ask, every window, from 16 MB. 2
-# threads, float32, NHWC, without / with, alternating processes, medians of 4
-# (ms). Forward: N=32 56x56x144 6.97 / 5.82, 28x28x192 2.21 / 1.67, 28x28x240
-# 5x5 4.20 / 3.55, 56x56x96 7x7 9.58 / 8.50, 56x56x72 5x5 stride 2 2.58 / 2.24,
-# 14x14x576 1.23 / 1.13, 19x19x728 3.73 / 3.43, 112x112x32 and 112x112x96
-# stride 2 even; N=8 56x56x144 (29 MB) 1.44 / 0.97, 56x56x96 7x7 (19 MB) 1.89 /
-# 1.53, 19x19x728 (17 MB) 0.49 / 0.43, 112x112x32 (26 MB) 0.70 / 0.78. Input
-# and filter gradient: N=32 56x56x144 5.32 / 4.94 and 6.66 / 6.70, 14x14x576
-# 1.09 / 0.93 and 2.20 / 1.18, 28x28x192 2.11 / 2.14 and 2.23 / 2.06; N=8
-# 56x56x144 1.12 / 0.92 and 1.19 / 0.83, 19x19x728 0.42 / 0.44 and 0.74 / 0.63.
-# Below 16 MB the forward lost: N=4 56x56x144 (14 MB) 0.30 / 0.33, N=32 7x7x960
-# (12 MB) 0.29 / 0.30, N=8 28x28x192 (10 MB) 0.21 / 0.23. With results streamed
-# from 8 MB (``driver._STREAM_BYTES``) the requests still paid, without / with
-# in one process, medians of 9 (a slower hour of this VM): N=32 56x56x144
-# forward 12.2 / 9.3, input gradient 8.4 / 7.8; 28x28x192 3.76 / 2.60 and 3.41
-# / 2.45; N=8 56x56x96 7x7 forward 1.67 / 1.58; N=8 112x112x32 and N=32
-# 14x14x384 even.
-_PREFETCH_BYTES = (16 if _ZEN else 64) << 20
-# The 3x3 filter gradient (all window rows in one pass) on Zen asks from 20 MB:
-# below, its operands stay in the L3 from call to call and the requests, which
-# split each row into pieces, cost more than they bring. 2 threads, from the
-# cache, medians of 6-20 alternating processes, without / with (ms): N=8
-# 56x56x144 stride 2 (17 MB) 0.32-0.42 / 0.47-0.58 in four runs; 19x19x728 (16
-# MB) 0.58 / 0.68, 1.00 / 0.74, 0.65 / 0.82. The 7x7 filter gradients of 18 MB
-# lost without (N=8 56x56x96 2.07 / 1.88, N=32 14x14x384 2.84 / 2.73), and the
-# 3x3 ones above 20 MB too (N=8 112x112x32 (25 MB) 1.38 / 1.11, 56x56x144 (29
-# MB) 2.14 / 1.80).
-_PREFETCH_ALL_BYTES = max(_PREFETCH_BYTES, 20 << 20)
+# AMD Zen 4 (``simd.ZEN``): all three ops ask, every window, from 16 MB (20
+# now, below). 2 threads, float32, NHWC, without / with, alternating processes,
+# medians of 4 (ms). Forward: N=32 56x56x144 6.97 / 5.82, 28x28x192 2.21 /
+# 1.67, 28x28x240 5x5 4.20 / 3.55, 56x56x96 7x7 9.58 / 8.50, 56x56x72 5x5
+# stride 2 2.58 / 2.24, 14x14x576 1.23 / 1.13, 19x19x728 3.73 / 3.43,
+# 112x112x32 and 112x112x96 stride 2 even; N=8 56x56x144 (29 MB) 1.44 / 0.97,
+# 56x56x96 7x7 (19 MB) 1.89 / 1.53, 19x19x728 (17 MB) 0.49 / 0.43, 112x112x32
+# (26 MB) 0.70 / 0.78. Input and filter gradient: N=32 56x56x144 5.32 / 4.94
+# and 6.66 / 6.70, 14x14x576 1.09 / 0.93 and 2.20 / 1.18, 28x28x192 2.11 / 2.14
+# and 2.23 / 2.06; N=8 56x56x144 1.12 / 0.92 and 1.19 / 0.83, 19x19x728 0.42 /
+# 0.44 and 0.74 / 0.63. Below 16 MB the forward lost: N=4 56x56x144 (14 MB)
+# 0.30 / 0.33, N=32 7x7x960 (12 MB) 0.29 / 0.30, N=8 28x28x192 (10 MB) 0.21 /
+# 0.23. With results streamed from 8 MB (``driver._STREAM_BYTES``) the requests
+# still paid, without / with in one process, medians of 9 (a slower hour of
+# this VM): N=32 56x56x144 forward 12.2 / 9.3, input gradient 8.4 / 7.8;
+# 28x28x192 3.76 / 2.60 and 3.41 / 2.45; N=8 56x56x96 7x7 forward 1.67 / 1.58;
+# N=8 112x112x32 and N=32 14x14x384 even.
+#
+# Now from 20 MB: from 16 to 20 MB the operands stay in the L3 from call to
+# call, and the requests, which split each row into pieces, cost more than they
+# bring (5 December, 2 threads, from Numba's cache, medians of 12-20
+# alternating processes, without / with, ms): N=8 56x56x144 stride 2 (17 MB)
+# forward 0.27 / 0.29, filter gradient 0.32-0.42 / 0.47-0.58 in four runs;
+# 19x19x728 (16 MB) forward 0.40 / 0.43, input gradient 0.40 / 0.47, filter
+# gradient 0.58 / 0.68, 1.00 / 0.74 and 0.65 / 0.82; 56x56x96 7x7 (18 MB)
+# forward 1.54 / 1.74, input gradient 1.51 / 1.74; N=32 14x14x384 7x7 (18 MB)
+# 1.68 / 1.80 and 1.79 / 1.79 (the gains at 17-19 MB above were measured on
+# earlier kernels). The filter gradients of 5x5 and 7x7 windows, a window row a
+# pass, still gained there and ask from 16 MB: 56x56x96 7x7 2.07 / 1.88,
+# 14x14x384 7x7 2.84 / 2.73. The 3x3 ones above 20 MB gained too: N=8
+# 112x112x32 (25 MB) 1.38 / 1.11, 56x56x144 (29 MB) 2.14 / 1.80.
+_PREFETCH_BYTES = (20 if _ZEN else 64) << 20
+_PREFETCH_ROW_PASSES_BYTES = (16 if _ZEN else 64) << 20
 # The windows (rows) from which the stride-1 input gradient asks, and whether
 # the forward does.
 _PREFETCH_INPUT_ROWS = 1 if _ZEN else 5
@@ -738,7 +743,8 @@ def _build(KH, KW, NT, M):
         xf = x.reshape(N * D * H * W * CI)
         dyf = dy.reshape(N * OD * OH * OW * C)
         ahead = (x.size * x.itemsize + dy.size * dy.itemsize
-                 > (_PREFETCH_BYTES if SIDES else _PREFETCH_ALL_BYTES) and OW * C <= _LONG_ROW)
+                 > (_PREFETCH_ROW_PASSES_BYTES if SIDES else _PREFETCH_BYTES)
+                 and OW * C <= _LONG_ROW)
         part = parts[p]
         part[:] = 0
         pf = part.reshape(KH * KW * C)
