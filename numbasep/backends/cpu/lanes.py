@@ -422,18 +422,21 @@ def _forward_row(dst, d0, xf, wt, job, H, W, CI, C, OH, OW, KH, KW, sh, sw, rh, 
 # Now from 20 MB: from 16 to 20 MB the operands stay in the L3 from call to
 # call, and the requests, which split each row into pieces, cost more than they
 # bring (5 December, 2 threads, from Numba's cache, medians of 12-20
-# alternating processes, without / with, ms): N=8 56x56x144 stride 2 (17 MB)
-# forward 0.27 / 0.29, filter gradient 0.32-0.42 / 0.47-0.58 in four runs;
-# 19x19x728 (16 MB) forward 0.40 / 0.43, input gradient 0.40 / 0.47, filter
-# gradient 0.58 / 0.68, 1.00 / 0.74 and 0.65 / 0.82; 56x56x96 7x7 (18 MB)
-# forward 1.54 / 1.74, input gradient 1.51 / 1.74; N=32 14x14x384 7x7 (18 MB)
-# 1.68 / 1.80 and 1.79 / 1.79 (the gains at 17-19 MB above were measured on
-# earlier kernels). The filter gradients of 5x5 and 7x7 windows, a window row a
-# pass, still gained there and ask from 16 MB: 56x56x96 7x7 2.07 / 1.88,
-# 14x14x384 7x7 2.84 / 2.73. The 3x3 ones above 20 MB gained too: N=8
-# 112x112x32 (25 MB) 1.38 / 1.11, 56x56x144 (29 MB) 2.14 / 1.80.
+# alternating processes, without / with, ms): N=8 19x19x728 (16 MB) forward
+# 0.40 / 0.43, input gradient 0.40 / 0.47; 56x56x96 7x7 (18 MB) forward 1.54 /
+# 1.74, input gradient 1.51 / 1.74; N=32 14x14x384 7x7 (18 MB) 1.68 / 1.80 and
+# 1.79 / 1.79; N=8 56x56x144 stride 2 (17 MB) forward 0.27 / 0.29 (the gains at
+# 17-19 MB above were measured on earlier kernels). The filter gradient asks
+# from 20 MB at strides above 1 (N=8 56x56x144 stride 2: 0.32-0.42 / 0.47-0.58
+# in four runs, 0.57-0.66 / 0.68-0.80 in two noisier ones) and from 16 MB at
+# stride 1, where the runs disagreed, the requests gaining most in the
+# noisiest: 3x3 19x19x728 0.58 / 0.68, 1.00 / 0.74, 0.65 / 0.82, 1.21 / 1.07
+# and 1.60 / 1.06, N=32 14x14x384 (18 MB) 1.68 / 1.26 and 1.97 / 1.50; 7x7 N=8
+# 56x56x96 2.07 / 1.88, N=32 14x14x384 2.84 / 2.73. Above 20 MB every filter
+# gradient gained: N=8 112x112x32 (25 MB) 1.38 / 1.11, 56x56x144 (29 MB) 2.14 /
+# 1.80.
 _PREFETCH_BYTES = (20 if _ZEN else 64) << 20
-_PREFETCH_ROW_PASSES_BYTES = (16 if _ZEN else 64) << 20
+_PREFETCH_FILTER_BYTES = (16 if _ZEN else 64) << 20
 # The windows (rows) from which the stride-1 input gradient asks, and whether
 # the forward does.
 _PREFETCH_INPUT_ROWS = 1 if _ZEN else 5
@@ -743,7 +746,7 @@ def _build(KH, KW, NT, M):
         xf = x.reshape(N * D * H * W * CI)
         dyf = dy.reshape(N * OD * OH * OW * C)
         ahead = (x.size * x.itemsize + dy.size * dy.itemsize
-                 > (_PREFETCH_ROW_PASSES_BYTES if SIDES else _PREFETCH_BYTES)
+                 > (_PREFETCH_BYTES if sh > 1 else _PREFETCH_FILTER_BYTES)
                  and OW * C <= _LONG_ROW)
         part = parts[p]
         part[:] = 0
