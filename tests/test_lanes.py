@@ -476,6 +476,8 @@ def test_which_problems_the_lane_kernels_take(monkeypatch):
     # rows of 18816 elements, in chunks: when the operands fit the caches
     assert taken((1, 147, 147, 128)) == {False: True, True: True}
     assert taken((4, 147, 147, 128)) == {False: False, True: False}
+    # ... or are 16-bit (the row kernels would round a float32 result afterwards)
+    assert taken((4, 147, 147, 128), dtype=np.float16) == {False: True, True: True}
     assert taken((1, 19, 19, 1456)) == {False: True, True: True}     # ... but only 19 pixels
     assert taken((1, 7, 7, 12)) == {False: False, True: False}       # not whole 8s
     assert taken((1, 7, 7, 16), k=2) == {False: False, True: False}  # no 2x2 lanes

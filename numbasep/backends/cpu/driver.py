@@ -318,9 +318,10 @@ def _by_lanes(plan, adjoint):
     multiplier 1, the windows of ``lanes.WINDOWS``, a multiple of 8 channels,
     float32 sums; at stride 1, and for strided input gradients with dilation 1,
     rows of at most ``_LANE_ROW`` pixels or ``_LANE_RUN_ELEMS`` elements (at
-    stride 1 also longer rows, when the operands fit :func:`_cached`); strided
-    forwards rows of at most ``_LANE_ROW`` pixels and ``_LANE_ROW_ELEMS``
-    elements.
+    stride 1 also longer rows, when the operands fit :func:`_cached` or are
+    16-bit: the row kernels write a 16-bit result as float32, rounded in a
+    second pass); strided forwards rows of at most ``_LANE_ROW`` pixels and
+    ``_LANE_ROW_ELEMS`` elements.
 
     2 threads, N=8, float32 NHWC, lanes / row kernels, min of 3 interleaved
     rounds (``_by_lanes`` forced either way). Forward: 56x56x144 0.74-0.83 /
@@ -352,7 +353,7 @@ def _by_lanes(plan, adjoint):
     row = plan.in_sizes[2] if adjoint else plan.out_sizes[2]
     if plan.strides[1:] == (1, 1):
         return (row <= _LANE_ROW or row * plan.channels <= _LANE_RUN_ELEMS
-                or _cached(plan))
+                or _cached(plan) or plan.dtype.itemsize == 2)
     if adjoint:
         return ((row <= _LANE_ROW or row * plan.channels <= _LANE_RUN_ELEMS)
                 and plan.dilations[1:] == (1, 1))
