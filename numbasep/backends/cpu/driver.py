@@ -316,7 +316,8 @@ def _by_lanes(plan, adjoint):
     """Whether a channels-last forward or filter gradient (input gradient:
     ``adjoint``) runs on the lane kernels (:mod:`.lanes`): 1-D and 2-D, depth
     multiplier 1, the windows of ``lanes.WINDOWS``, a multiple of 8 channels,
-    float32 sums; at stride 1, and for strided input gradients with dilation 1,
+    float32 sums; at stride 1, and for strided input gradients with dilation 1
+    and column phases that :func:`.lanes.phases_fit`,
     rows of at most ``_LANE_ROW`` pixels or ``_LANE_RUN_ELEMS`` elements (at
     stride 1 also longer rows, when the operands fit :func:`_cached` or are
     16-bit: the row kernels write a 16-bit result as float32, rounded in a
@@ -356,7 +357,8 @@ def _by_lanes(plan, adjoint):
                 or _cached(plan) or plan.dtype.itemsize == 2)
     if adjoint:
         return ((row <= _LANE_ROW or row * plan.channels <= _LANE_RUN_ELEMS)
-                and plan.dilations[1:] == (1, 1))
+                and plan.dilations[1:] == (1, 1)
+                and lanes.phases_fit(plan.kernel[2], plan.strides[2]))
     return row <= _LANE_ROW and row * plan.channels <= _LANE_ROW_ELEMS
 
 

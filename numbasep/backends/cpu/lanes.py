@@ -67,6 +67,17 @@ from .tasks import Parallel
 #: Window shapes with lane kernels.
 WINDOWS = frozenset({(3, 3), (5, 5), (7, 7), (1, 3), (1, 5)})
 
+# The strided input gradient's column phases sum at most this many window
+# columns (the cases of :func:`_phase_chunk`).
+_PHASE_COLUMNS = 4
+
+
+def phases_fit(KW, sw):
+    """Whether ``backprop_input_strided`` takes a window KW columns wide at column
+    stride ``sw``: each column phase sums ceil(KW / sw) window columns, at most
+    ``_PHASE_COLUMNS`` (a 5- or 7-column window at column stride 1 does not fit)."""
+    return -(-KW // sw) <= _PHASE_COLUMNS
+
 
 @njit(inline="always")
 def _taps_inside(i0, r, K, size):
