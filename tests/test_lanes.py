@@ -572,36 +572,40 @@ def test_forward_of_operands_from_memory(monkeypatch, k, stride):
     assert np.all(np.abs(got - want) <= 1e-5 * bound)
 
 
-@pytest.mark.parametrize("stride", [1, 2])
-def test_filter_gradient_of_operands_from_memory(monkeypatch, stride):
+@pytest.mark.parametrize("k, stride, c, m", [(3, 1, 128, 1), (3, 2, 128, 1), (3, 1, 136, 1),
+                                           (5, 1, 72, 1), (3, 1, 128, 2)])
+def test_filter_gradient_of_operands_from_memory(monkeypatch, k, stride, c, m):
     """Operands above ``lanes._PREFETCH_BYTES``: the filter gradient asks for
-    each job's next rows ahead (parts that cross from one image to the next,
-    windows that reach into the padding, strides 1 and 2); the float64 sums,
-    within float32 rounding of 10^5 terms."""
+    each job's next rows ahead, summing the row in pieces of its channels
+    (parts that cross from one image to the next, windows that reach into the
+    padding, strides 1 and 2; a last piece with a group of 8 channels, one
+    window row a pass, a depth multiplier); the float64 sums, within float32
+    rounding of 10^5 terms."""
     ran = []
     real = driver._launch
     monkeypatch.setattr(driver, "_launch", lambda kern, *a: (ran.append(kern), real(kern, *a)))
-    rng = np.random.default_rng(stride)
-    size, c, k = 40, 128, 3
+    rng = np.random.default_rng(stride + c + m)
+    size = 40
     out = -(-size // stride)
-    n = _images_past_prefetch((size * size + out * out) * c * 4)
-    x = numbasep.empty_aligned((n, size, size, c))
+    n = _images_past_prefetch((size * size // m + out * out) * c * 4)
+    x = numbasep.empty_aligned((n, size, size, c // m))
     x[...] = rng.uniform(-1, 1, x.shape)
     dy = numbasep.empty_aligned((n, out, out, c))
     dy[...] = rng.uniform(-1, 1, dy.shape)
     assert x.nbytes + dy.nbytes > lanes._PREFETCH_BYTES
-    got = BF(x, [k, k, c, 1], dy, [1, stride, stride, 1], "SAME")
-    assert ran[0] is lanes.kernels(k, k).backprop_filter
+    got = BF(x, [k, k, c // m, m], dy, [1, stride, stride, 1], "SAME")
+    assert ran[0] is lanes.kernels(k, k, multiplier=m).backprop_filter
     before = max((out - 1) * stride + k - size, 0) // 2
     xp = np.zeros((n, size + k, size + k, c))
-    xp[:, before:before + size, before:before + size] = x
+    # output channel q reads input channel q // m
+    xp[:, before:before + size, before:before + size] = np.repeat(x, m, axis=3)
     dy64 = dy.astype(np.float64)
     for i in range(k):
         for j in range(k):
             taps = xp[:, i:i + stride * out:stride, j:j + stride * out:stride]
             want = np.einsum("nhwc,nhwc->c", taps, dy64)
             bound = 1e-5 * np.einsum("nhwc,nhwc->c", np.abs(taps), np.abs(dy64))
-            assert np.all(np.abs(got[i, j, :, 0] - want) <= bound), (i, j)
+            assert np.all(np.abs(got[i, j].reshape(c) - want) <= bound), (i, j)
 
 
 @pytest.mark.parametrize("k", [3, 5])
