@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import numbasep
-from numbasep.backends.cpu import driver, lanes
+from numbasep.backends.cpu import driver, lanes, simd
 
 import reference as R
 import support
@@ -572,21 +572,25 @@ def test_forward_of_operands_from_memory(monkeypatch, k, stride):
     assert np.all(np.abs(got - want) <= 1e-5 * bound)
 
 
-@pytest.mark.parametrize("k, stride, c, m", [(3, 1, 128, 1), (3, 2, 128, 1), (3, 1, 136, 1),
-                                           (5, 1, 72, 1), (3, 1, 128, 2)])
-def test_filter_gradient_of_operands_from_memory(monkeypatch, k, stride, c, m):
+@pytest.mark.parametrize("k, stride, size, c, m, by_channels", [
+    (3, 1, 40, 128, 1, False), (3, 2, 40, 128, 1, False), (3, 1, 40, 136, 2, False),
+    (3, 1, 14, 392, 1, True), (5, 1, 14, 200, 1, True), (3, 1, 14, 384, 2, True)])
+def test_filter_gradient_of_operands_from_memory(monkeypatch, k, stride, size, c, m,
+                                                 by_channels):
     """Operands above ``lanes._PREFETCH_BYTES``: the filter gradient asks for
-    each job's next rows ahead, summing the row in pieces of its channels
-    (parts that cross from one image to the next, windows that reach into the
-    padding, strides 1 and 2; a last piece with a group of 8 channels, one
-    window row a pass, a depth multiplier); the float64 sums, within float32
-    rounding of 10^5 terms."""
+    each job's next rows ahead, summing each row in pieces of its pixels or, for
+    rows that want few pieces for their channels, of its channels
+    (``lanes._CHANNEL_PIECES``); parts that cross from one image to the next,
+    windows that reach into the padding, strides 1 and 2, a last piece with a
+    group of 8 channels, one window row a pass, a depth multiplier. The float64
+    sums, within float32 rounding of 10^5 terms."""
+    out = -(-size // stride)
+    wanted = lanes._piece_count(max(size * stride * c // m, out * c), 4)
+    assert (wanted <= lanes._CHANNEL_PIECES * (c // (2 * simd.WIDE))) == by_channels
     ran = []
     real = driver._launch
     monkeypatch.setattr(driver, "_launch", lambda kern, *a: (ran.append(kern), real(kern, *a)))
     rng = np.random.default_rng(stride + c + m)
-    size = 40
-    out = -(-size // stride)
     n = _images_past_prefetch((size * size // m + out * out) * c * 4)
     x = numbasep.empty_aligned((n, size, size, c // m))
     x[...] = rng.uniform(-1, 1, x.shape)

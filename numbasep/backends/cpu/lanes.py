@@ -230,7 +230,7 @@ def _row_here(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW,
     s0 += k0 * rowstep
     n = _chunk(run, C)
     if ahead[1] > ahead[0]:
-        n = _pieces(run, ahead[1] - ahead[0], src.itemsize)
+        n = _pieces(run, _piece_count(ahead[1] - ahead[0], src.itemsize))
     pieces = (run + n - 1) // n
     for i in range(pieces):
         k = min(i * n, run - n)
@@ -515,13 +515,36 @@ def _ask_share(a, lo, hi, i, shares):
 # module name, this one's.) Intel cores: not measured, the whole row.
 _PIECE_LINES = 32 if _ZEN else 1 << 30
 
+# The filter gradient computes a row that asks for lines ahead in pieces of its
+# channels, each over the whole row (pairs of channel groups, at most one piece
+# a pair), when the pieces wanted (:func:`_piece_count`) are at most this many
+# times the pairs: each tap's sums then stay in registers from the row's first
+# pixel to its last instead of being loaded and stored every piece of pixels (4
+# pixels at 14x14x384). Longer rows, wanting more pieces, keep pieces of
+# pixels, which cut the asks finer: channel pieces there were slower (2
+# threads, N=32 56x56x144 5.2 -> 6.4 ms, 112x112x32 3.6 -> 4.6). Each way is a
+# function of its own: with both in one function, those rows ran as slowly on
+# pixel pieces as on channel pieces. Zen 4, 3x3 stride 1, 2 threads,
+# alternating processes, medians of 3, pixel pieces / these (ms): N=32
+# 14x14x384 0.87 / 0.68, 14x14x576 1.24 / 0.88, 28x28x192 1.57 / 1.39,
+# 56x56x144 5.03 / 4.72, 112x112x32 3.70 / 3.48; N=8 56x56x144 1.28 / 1.22. 1
+# thread, channel pieces: N=32 14x14x384 1.59 / 1.35, 7x7 14x14x384 5.54 /
+# 4.86. Strided rows, channel pieces: even (N=32 112x112x96 8.5 / 8.4,
+# 56x56x144 3.35 / 3.22).
+_CHANNEL_PIECES = 2
+
 
 @njit(inline="always")
-def _pieces(run, elements, itemsize):
-    """The pixels of a row of ``run`` pixels computed per piece when ``elements``
-    are asked for across it, about ``_PIECE_LINES`` lines a piece: whole blocks
-    (:data:`.simd.BLOCK`) of pixels."""
-    pieces = max(1, elements * itemsize // (64 * _PIECE_LINES))
+def _piece_count(elements, itemsize):
+    """Pieces to compute a row in when ``elements`` are asked for across it:
+    about ``_PIECE_LINES`` lines a piece."""
+    return max(1, elements * itemsize // (64 * _PIECE_LINES))
+
+
+@njit(inline="always")
+def _pieces(run, pieces):
+    """The pixels of each of about ``pieces`` pieces of a row of ``run`` pixels:
+    whole blocks (:data:`.simd.BLOCK`) of pixels."""
     n = (run + pieces - 1) // pieces
     return min(run, (n + _BLOCK - 1) // _BLOCK * _BLOCK)
 
@@ -542,40 +565,59 @@ def _dots(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, 
     that ``edges`` describes (:func:`.simd.dots_rows`, its pixel range relative
     to pixel 0). ``rows``, KW, M: compile-time constants (M: ``src`` holds a
     depth multiplier M's input, as in :func:`_row_here`). ``ahead``: (a, b, c, d),
-    the elements ``src[a:b]`` and ``dy[c:d]`` to ask for, spread over the
-    channels in pieces of whole pairs of channel groups (``2 * simd.WIDE``
-    channels; the last piece takes the rest), about ``_PIECE_LINES`` lines a
-    piece, each piece over the whole row."""
+    the elements ``src[a:b]`` and ``dy[c:d]`` to ask for, spread over the row's
+    pieces: pieces of its channels (whole pairs of channel groups, ``2 *
+    simd.WIDE`` channels; the last piece takes the rest) or of its pixels, as
+    ``_CHANNEL_PIECES`` says."""
     literally(rows)
     literally(KW)
     literally(M)
     asked = max(ahead[1] - ahead[0], ahead[3] - ahead[2])
-    if asked > 0:
-        # Pieces of the channels over the whole row, not of the row over all
-        # channels: each tap's sums then stay in registers from the row's first
-        # pixel to its last, loaded and stored once a row, not once a piece of
-        # 4 pixels. Zen 4, N=32, 3x3 stride 1, alternating processes, medians
-        # of 3-5 (ms), pixel / channel pieces: 1 thread 14x14x384 1.59 / 1.35,
-        # 14x14x576 2.65 / 2.02, 7x7 14x14x384 5.54 / 4.86; 2 threads
-        # 14x14x384 0.83 / 0.67, 14x14x576 1.36 / 1.00, 28x28x192 1.83 / 1.54,
-        # N=8 56x56x144 1.29 / 1.06, 112x112x32 1.00 / 0.73; stride 2
-        # 112x112x96 8.5 / 8.4, 56x56x144 3.35 / 3.22.
-        units = max(1, C // (2 * _WIDE))
-        pieces = min(units, max(1, asked * src.itemsize // (64 * _PIECE_LINES)))
-        for i in range(pieces):
-            c0 = i * units // pieces * 2 * _WIDE
-            c1 = C if i == pieces - 1 else (i + 1) * units // pieces * 2 * _WIDE
-            _ask_share(src, ahead[0], ahead[1], i, pieces)
-            _ask_share(dy, ahead[2], ahead[3], i, pieces)
-            _dots_rows(part, a0 + c0, C, src, s0 + c0 // M, sstep, rowstep, colstep, dy,
-                       g0 + c0, C, run, c1 - c0, rows, KW, M, edges)
-        return
+    wanted = _piece_count(asked, src.itemsize)
+    if asked > 0 and wanted <= _CHANNEL_PIECES * max(1, C // (2 * _WIDE)):
+        _dots_by_channels(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW,
+                          M, edges, ahead, wanted)
+    else:
+        _dots_by_pixels(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW,
+                        M, edges, ahead, wanted if asked > 0 else 0)
+
+
+@njit(nogil=True, cache=True)
+def _dots_by_channels(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, M,
+                      edges, ahead, wanted):
+    """:func:`_dots` in at most ``wanted`` pieces of the channels."""
+    literally(rows)
+    literally(KW)
+    literally(M)
+    units = max(1, C // (2 * _WIDE))
+    pieces = min(units, wanted)
+    for i in range(pieces):
+        c0 = i * units // pieces * 2 * _WIDE
+        c1 = C if i == pieces - 1 else (i + 1) * units // pieces * 2 * _WIDE
+        _ask_share(src, ahead[0], ahead[1], i, pieces)
+        _ask_share(dy, ahead[2], ahead[3], i, pieces)
+        _dots_rows(part, a0 + c0, C, src, s0 + c0 // M, sstep, rowstep, colstep, dy,
+                   g0 + c0, C, run, c1 - c0, rows, KW, M, edges)
+
+
+@njit(nogil=True, cache=True)
+def _dots_by_pixels(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, M,
+                    edges, ahead, wanted):
+    """:func:`_dots` in ``wanted`` pieces of the pixels (0: as :func:`_chunk`
+    says)."""
+    literally(rows)
+    literally(KW)
+    literally(M)
     n = _chunk(run, C)
+    if wanted > 0:
+        n = _pieces(run, wanted)
     pieces = (run + n - 1) // n
     for i in range(pieces):
         # (no overlap here: each product is added once)
         k = i * n
         m = min(n, run - k)
+        _ask_share(src, ahead[0], ahead[1], i, pieces)
+        _ask_share(dy, ahead[2], ahead[3], i, pieces)
         if edges is None:
             _dots_rows(part, a0, C, src, s0 + k * sstep, sstep, rowstep, colstep, dy, g0 + k * C,
                        C, m, C, rows, KW, M, None)
