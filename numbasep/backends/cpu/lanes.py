@@ -19,6 +19,12 @@ channel group of a chunk before the next chunk (forward and stride-1 input
 gradient: the last chunk overlapping the one before; filter gradient: products
 summed per chunk).
 
+Where the operands come from memory, each job asks for the lines of the next
+job's rows while it computes (:func:`_ahead`, :func:`_ask`), a share before
+each piece of its row: pieces of pixels, or, for the filter gradient's rows
+that want few pieces for their channels, pieces of the channels over the
+whole row (``_CHANNEL_PIECES``).
+
 Jobs are rows of one image. A strided input gradient is a gather by phases: the
 input pixels of one row and one column phase (a stride apart) read the same
 sub-window, whose taps sit one output-gradient pixel apart, so each phase is a
