@@ -528,9 +528,13 @@ _PIECE_LINES = 32 if _ZEN else 1 << 30
 # pixel to its last instead of being loaded and stored every piece of pixels (4
 # pixels at 14x14x384). Longer rows, wanting more pieces, keep pieces of
 # pixels, which cut the asks finer: channel pieces there were slower (2
-# threads, N=32 56x56x144 5.2 -> 6.4 ms, 112x112x32 3.6 -> 4.6). Each way is a
-# function of its own: with both in one function, those rows ran as slowly on
-# pixel pieces as on channel pieces. Zen 4, 3x3 stride 1, 2 threads,
+# threads, N=32 56x56x144 5.2 -> 6.4 ms, 112x112x32 3.6 -> 4.6). Both ways call
+# the intrinsic in a function of its own (:func:`_dots_piece`), from one loop
+# that gives the call one set of argument types (a literal 0 from one way, an
+# integer from the other, compiled it twice): with the intrinsic inside a
+# function holding both ways, the rows on pixel pieces ran as slowly as on
+# channel pieces (Zen 4, 56x56x144 6.4 ms); with each way a function holding
+# the intrinsic, it compiled twice over. Zen 4, 3x3 stride 1, 2 threads,
 # alternating processes, medians of 3, pixel pieces / these (ms): N=32
 # 14x14x384 0.87 / 0.68, 14x14x576 1.24 / 0.88, 28x28x192 1.57 / 1.39,
 # 56x56x144 5.03 / 4.72, 112x112x32 3.70 / 3.48; N=8 56x56x144 1.28 / 1.22. 1
@@ -556,12 +560,19 @@ def _pieces(run, pieces):
 
 
 @njit(inline="always")
+def _channel_units(C):
+    """The most pieces a row's ``C`` channels split into: pairs of channel
+    groups (``2 * simd.WIDE`` channels), at least one."""
+    return max(1, C // (2 * _WIDE))
+
+
+@njit(inline="always")
 def _side(i, a, b):
     """The i-th column outside [a, b) of a row."""
     return i if i < a else b + i - a
 
 
-@njit(nogil=True, cache=True)
+@njit(inline="always")
 def _dots(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, M, edges,
           ahead):
     """Add into ``part`` (flat ``[kh, kw, c]``, from ``a0``) the products of ``run``
@@ -575,64 +586,49 @@ def _dots(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, 
     pieces: pieces of its channels (whole pairs of channel groups, ``2 *
     simd.WIDE`` channels; the last piece takes the rest) or of its pixels, as
     ``_CHANNEL_PIECES`` says."""
-    literally(rows)
-    literally(KW)
-    literally(M)
     asked = max(ahead[1] - ahead[0], ahead[3] - ahead[2])
     wanted = _piece_count(asked, src.itemsize)
-    if asked > 0 and wanted <= _CHANNEL_PIECES * max(1, C // (2 * _WIDE)):
-        _dots_by_channels(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW,
-                          M, edges, ahead, wanted)
+    units = _channel_units(C)
+    if asked > 0 and wanted <= _CHANNEL_PIECES * units:
+        across = min(units, wanted)             # pieces of the channels, whole rows
+        n = run
     else:
-        _dots_by_pixels(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW,
-                        M, edges, ahead, wanted if asked > 0 else 0)
-
-
-@njit(nogil=True, cache=True)
-def _dots_by_channels(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, M,
-                      edges, ahead, wanted):
-    """:func:`_dots` in at most ``wanted`` pieces of the channels."""
-    literally(rows)
-    literally(KW)
-    literally(M)
-    units = max(1, C // (2 * _WIDE))
-    pieces = min(units, wanted)
-    for i in range(pieces):
-        c0 = i * units // pieces * 2 * _WIDE
-        c1 = C if i == pieces - 1 else (i + 1) * units // pieces * 2 * _WIDE
-        _ask_share(src, ahead[0], ahead[1], i, pieces)
-        _ask_share(dy, ahead[2], ahead[3], i, pieces)
-        _dots_rows(part, a0 + c0, C, src, s0 + c0 // M, sstep, rowstep, colstep, dy,
-                   g0 + c0, C, run, c1 - c0, rows, KW, M, edges)
-
-
-@njit(nogil=True, cache=True)
-def _dots_by_pixels(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, M,
-                    edges, ahead, wanted):
-    """:func:`_dots` in ``wanted`` pieces of the pixels (0: as :func:`_chunk`
-    says)."""
-    literally(rows)
-    literally(KW)
-    literally(M)
-    n = _chunk(run, C)
-    if wanted > 0:
-        n = _pieces(run, wanted)
-    pieces = (run + n - 1) // n
+        across = 1
+        units = 1
+        n = _pieces(run, wanted) if asked > 0 else _chunk(run, C)
+    along = (run + n - 1) // n
+    pieces = across * along
     for i in range(pieces):
         # (no overlap here: each product is added once)
-        k = i * n
-        m = min(n, run - k)
+        u = i // along
+        k = (i - u * along) * n
+        c0 = u * units // across * 2 * _WIDE
+        c1 = C if u == across - 1 else (u + 1) * units // across * 2 * _WIDE
         _ask_share(src, ahead[0], ahead[1], i, pieces)
         _ask_share(dy, ahead[2], ahead[3], i, pieces)
-        if edges is None:
-            _dots_rows(part, a0, C, src, s0 + k * sstep, sstep, rowstep, colstep, dy, g0 + k * C,
-                       C, m, C, rows, KW, M, None)
-        else:
-            lo = min(max(edges[0] - k, 0), m)
-            hi = max(min(edges[1] - k, m), lo)
-            _dots_rows(part, a0, C, src, s0 + k * sstep, sstep, rowstep, colstep, dy, g0 + k * C,
-                       C, m, C, rows, KW, M,
-                       (lo, hi, edges[2] + k * edges[3], edges[3], edges[4], edges[5], edges[6]))
+        _dots_piece(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, k, min(n, run - k),
+                    c0, c1, rows, KW, M, edges)
+
+
+@njit(nogil=True, cache=True)
+def _dots_piece(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, k, m, c0, c1, rows, KW,
+                M, edges):
+    """:func:`.simd.dots_rows` for pixels [k, k + m) and channels [c0, c1) of
+    :func:`_dots`' row."""
+    literally(rows)
+    literally(KW)
+    literally(M)
+    s = s0 + k * sstep + c0 // M
+    g = g0 + k * C + c0
+    if edges is None:
+        _dots_rows(part, a0 + c0, C, src, s, sstep, rowstep, colstep, dy, g, C, m, c1 - c0,
+                   rows, KW, M, None)
+    else:
+        lo = min(max(edges[0] - k, 0), m)
+        hi = max(min(edges[1] - k, m), lo)
+        _dots_rows(part, a0 + c0, C, src, s, sstep, rowstep, colstep, dy, g, C, m, c1 - c0,
+                   rows, KW, M,
+                   (lo, hi, edges[2] + k * edges[3], edges[3], edges[4], edges[5], edges[6]))
 
 
 @njit(inline="always")
