@@ -593,8 +593,7 @@ def _dots(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, 
         across = min(units, wanted)             # pieces of the channels, whole rows
         n = run
     else:
-        across = 1
-        units = 1
+        across = 1                              # (c0 = 0, c1 = C)
         n = _pieces(run, wanted) if asked > 0 else _chunk(run, C)
     along = (run + n - 1) // n
     pieces = across * along
