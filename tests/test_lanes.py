@@ -585,7 +585,9 @@ def test_filter_gradient_of_operands_from_memory(monkeypatch, k, stride, size, c
     group of 8 channels, one window row a pass, a depth multiplier. The float64
     sums, within float32 rounding of 10^5 terms. ``by_channels``: the way the
     row takes on hosts that cut the asks into pieces (AMD Zen); elsewhere each
-    row is one piece of all its channels."""
+    row is one piece of all its channels (and on hosts whose filter gradient
+    does not ask, ``lanes._FILTER_ASKS``, the rows are summed as below the
+    limit)."""
     out = -(-size // stride)
     wanted = lanes._piece_count(max(size * stride * c // m, out * c), 4)
     if lanes._ZEN:

@@ -58,6 +58,7 @@ from numba import literally, njit
 from .kernels import _split
 from .simd import BLOCK as _BLOCK
 from .simd import GROUPS as _GROUPS
+from .simd import HOST as _HOST
 from .simd import WIDE as _WIDE
 from .simd import ZEN as _ZEN
 from .simd import dots_rows as _dots_rows
@@ -420,8 +421,9 @@ def _forward_row(dst, d0, xf, wt, job, H, W, CI, C, OH, OW, KH, KW, sh, sw, rh, 
 # leave the cores waiting. Long rows (in chunks) are left out: N=32 147x147x128
 # 48-49 / 51-52 ms (Intel, without / with).
 #
-# Intel Xeon (AVX-512): the filter gradient asks, and the stride-1 input
-# gradient with windows of 5 or more rows; 64 MB. 2 threads, float32, 3x3
+# Intel Xeon (AVX-512; an earlier VM, 2 December, L3 size not recorded): the
+# filter gradient asks, and the stride-1 input gradient with windows of 5 or
+# more rows; 64 MB. 2 threads, float32, 3x3
 # unless said, without / with (ms): filter gradient N=32 112x112x32 (103 MB)
 # 5.6-6.0 / 3.6-4.0; 56x56x144 (115 MB) 6.5-6.8 / 4.3-4.4; 112x112x96 stride 2
 # (193 MB) 10.7 / 8.2-8.3; 56x56x96 7x7 (77 MB) 9.0-9.4 / 6.3; N=24 56x56x144
@@ -469,6 +471,19 @@ def _forward_row(dst, d0, xf, wt, job, H, W, CI, C, OH, OW, KH, KW, sh, sw, rh, 
 # 1.80.
 _PREFETCH_BYTES = (20 if _ZEN else 64) << 20
 _PREFETCH_FILTER_BYTES = (16 if _ZEN else 64) << 20
+# Whether the filter gradient asks at all. Not on Intel's Emerald Rapids
+# (``emeraldrapids``: a Xeon, family 6 model 207, 2 cores of a VM reporting a
+# 300 MB L3), whose prefetchers kept up at every size tried, in the L3 and from
+# memory (6 December, 2 threads, float32, alternating processes each with its
+# own cache, medians of 3, asking / not, ms): N=32 112x112x32 (103 MB) 3.09 /
+# 2.08, 56x56x144 (116 MB) 3.81 / 3.16, stride 2 (72 MB) 1.94 / 1.65,
+# 112x112x96 stride 2 (193 MB) 7.24 / 5.43, 56x56x96 7x7 (77 MB) 7.06 / 7.18;
+# N=96 112x112x32 (308 MB) 15.9 / 12.5, N=192 (616 MB) 33.9 / 26.7, N=128
+# 56x56x144 (462 MB) 27.5 / 23.2, 112x112x96 stride 2 (770 MB) 34.7 / 30.8.
+# Asking in pieces of 32 lines did not help (N=32 112x112x32 3.40, 56x56x144
+# 5.10 against 3.32 and 4.90 whole rows). The input gradient there still asks
+# (N=128 56x56x96 7x7, 308 MB: 35.3 / 37.5).
+_FILTER_ASKS = _HOST != "emeraldrapids"
 # The windows (rows) from which the stride-1 input gradient asks, and whether
 # the forward does.
 _PREFETCH_INPUT_ROWS = 1 if _ZEN else 5
@@ -832,7 +847,7 @@ def _build(KH, KW, NT, M):
         edges = (a - lo, b - lo, lo * sw - pw, sw, rw, W, CI)
         xf = x.reshape(N * D * H * W * CI)
         dyf = dy.reshape(N * OD * OH * OW * C)
-        ahead = (x.size * x.itemsize + dy.size * dy.itemsize
+        ahead = (_FILTER_ASKS and x.size * x.itemsize + dy.size * dy.itemsize
                  > (_PREFETCH_BYTES if sh > 1 else _PREFETCH_FILTER_BYTES)
                  and OW * C <= _LONG_ROW)
         part = parts[p]

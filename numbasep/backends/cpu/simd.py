@@ -560,18 +560,23 @@ _REPEATS = REPEATS
 STREAMS = platform.machine().lower() in ("x86_64", "amd64")
 
 
-def _zen():
-    """Whether the host is an AMD Zen core (LLVM's ``znver*``), whose hardware
-    prefetchers leave more of the kernels' row reads to software requests than
-    the Intel cores' (``lanes._PREFETCH_BYTES``)."""
+def _host():
+    """LLVM's name for the host's cores (``znver4``, ``emeraldrapids``, ...), or
+    an empty string."""
     try:
-        return llb.get_host_cpu_name().startswith("znver")
+        return llb.get_host_cpu_name()
     except Exception:  # pragma: no cover (no host name)
-        return False
+        return ""
 
 
-#: The host is an AMD Zen core.
-ZEN = _zen()
+#: LLVM's name for the host's cores: the hardware prefetchers differ from one
+#: generation to the next, and with them which row reads the kernels ask for
+#: themselves (``lanes._PREFETCH_BYTES``).
+HOST = _host()
+
+#: The host is an AMD Zen core, whose hardware prefetchers leave more of the
+#: kernels' row reads to software requests than the Intel cores'.
+ZEN = HOST.startswith("znver")
 
 
 def _by_channels(make, offsets, channels_at, repeated, grouped, doc):
