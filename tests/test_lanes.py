@@ -501,7 +501,10 @@ def test_which_problems_the_lane_kernels_take(monkeypatch):
     assert taken((1, 7, 7, 16), dtype=np.float64) == {False: False, True: False}
     assert taken((1, 14, 14, 16), strides=(1, 2, 2, 1)) == {False: True, True: True}
     assert taken((1, 56, 56, 16), strides=(1, 2, 2, 1)) == {False: True, True: True}
-    assert taken((1, 112, 112, 96), strides=(1, 2, 2, 1)) == {False: False, True: True}
+    assert taken((1, 112, 112, 96), strides=(1, 2, 2, 1)) == {False: True, True: True}
+    # strided forwards: rows of at most 64 pixels and 8192 elements
+    assert taken((1, 130, 130, 16), strides=(1, 2, 2, 1)) == {False: False, True: True}
+    assert taken((1, 112, 112, 160), strides=(1, 2, 2, 1)) == {False: False, True: False}
     # strided input gradients by phases: dilation 1 only
     assert taken((1, 14, 14, 16), strides=(1, 2, 2, 1),
                  dilations=(1, 1, 2, 1)) == {False: True, True: False}

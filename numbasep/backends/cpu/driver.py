@@ -289,6 +289,12 @@ def _filter_tile_width(plan):
 # gradient, the input's for the input gradient).
 _LANE_ROW = 28
 _LANE_ROW_ELEMS = 1 << 13
+# Strided forwards: rows up to 64 pixels. Intel Emerald Rapids (2 threads,
+# 6 December, alternating processes, lanes / row kernels, medians of 5, ms):
+# 112x112x96 stride 2 (rows of 56 pixels) N=32 3.73 / 8.44 (noisy: 3.57-8.40 /
+# 5.19-10.4; 4.48 / 5.54 in another run), N=16 2.16 / 2.02, N=8 1.03 / 1.10,
+# N=4 0.47 / 0.49, N=1 0.133 / 0.134.
+_LANE_STRIDED_ROW = 64
 _LANE_RUN_ELEMS = 1 << 14
 
 
@@ -321,8 +327,8 @@ def _by_lanes(plan, adjoint):
     rows of at most ``_LANE_ROW`` pixels or ``_LANE_RUN_ELEMS`` elements (at
     stride 1 also longer rows, when the operands fit :func:`_cached` or are
     16-bit: the row kernels write a 16-bit result as float32, rounded in a
-    second pass); strided forwards rows of at most ``_LANE_ROW`` pixels and
-    ``_LANE_ROW_ELEMS`` elements.
+    second pass); strided forwards rows of at most ``_LANE_STRIDED_ROW`` pixels
+    and ``_LANE_ROW_ELEMS`` elements.
 
     2 threads, N=8, float32 NHWC, lanes / row kernels, min of 3 interleaved
     rounds (``_by_lanes`` forced either way). Forward: 56x56x144 0.74-0.83 /
@@ -339,8 +345,8 @@ def _by_lanes(plan, adjoint):
     and N=8 (32 MB) 0.80-0.85 / 0.94-1.02, 0.80-0.96 / 0.86-0.87, 0.70-0.73 /
     1.09. From memory the row kernels keep them: N=8 147x147x128 (177 MB) 10.4-11.6
     / 8.0-8.4, 10.8-10.9 / 8.2-8.8, 12.2-12.7 / 11.4-11.5; 56x56x576 (57 MB)
-    7.6 / 5.5-5.8. The strided 112x112x96 forward stays too (1.10-1.19 /
-    0.88-0.90). float64 stays
+    7.6 / 5.5-5.8. The strided 112x112x96 forward stayed too on an earlier
+    host (1.10-1.19 / 0.88-0.90); no longer (``_LANE_STRIDED_ROW``). float64 stays
     there too, which spares CI the compilations. Short rows of many channels
     (the depth multipliers' repeated inputs), forward / input gradient, lanes /
     row kernels: 19x19x1456 0.82 / 1.40, 0.86 / 1.40; 19x19x2912 1.85 / 3.25,
@@ -359,7 +365,7 @@ def _by_lanes(plan, adjoint):
         return ((row <= _LANE_ROW or row * plan.channels <= _LANE_RUN_ELEMS)
                 and plan.dilations[1:] == (1, 1)
                 and lanes.phases_fit(plan.kernel[2], plan.strides[2]))
-    return row <= _LANE_ROW and row * plan.channels <= _LANE_ROW_ELEMS
+    return row <= _LANE_STRIDED_ROW and row * plan.channels <= _LANE_ROW_ELEMS
 
 
 _PARTIAL_WORK = 8
