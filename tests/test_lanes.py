@@ -475,6 +475,7 @@ def test_which_problems_the_lane_kernels_take(monkeypatch):
         seen.append((adjoint, ok))
         return ok
     monkeypatch.setattr(driver, "_by_lanes", spy)
+    monkeypatch.setattr(driver.simd, "KEEPS_UP", False)
     support.route_afresh(monkeypatch)
 
     def taken(shape, k=3, strides=(1, 1, 1, 1), dtype=np.float32, dilations=(1, 1, 1, 1)):
@@ -493,6 +494,10 @@ def test_which_problems_the_lane_kernels_take(monkeypatch):
     # rows of 18816 elements, in chunks: when the operands fit the caches
     assert taken((1, 147, 147, 128)) == {False: True, True: True}
     assert taken((4, 147, 147, 128)) == {False: False, True: False}
+    # ... or wherever the host's prefetchers keep up
+    monkeypatch.setattr(driver.simd, "KEEPS_UP", True)
+    assert taken((4, 147, 147, 128)) == {False: True, True: True}
+    monkeypatch.setattr(driver.simd, "KEEPS_UP", False)
     # ... or are 16-bit (the row kernels would round a float32 result afterwards)
     assert taken((4, 147, 147, 128), dtype=np.float16) == {False: True, True: True}
     assert taken((1, 19, 19, 1456)) == {False: True, True: True}     # ... but only 19 pixels

@@ -58,7 +58,7 @@ from numba import literally, njit
 from .kernels import _split
 from .simd import BLOCK as _BLOCK
 from .simd import GROUPS as _GROUPS
-from .simd import HOST as _HOST
+from .simd import KEEPS_UP as _KEEPS_UP
 from .simd import WIDE as _WIDE
 from .simd import ZEN as _ZEN
 from .simd import dots_rows as _dots_rows
@@ -471,10 +471,10 @@ def _forward_row(dst, d0, xf, wt, job, H, W, CI, C, OH, OW, KH, KW, sh, sw, rh, 
 # 1.80.
 _PREFETCH_BYTES = (20 if _ZEN else 64) << 20
 _PREFETCH_FILTER_BYTES = (16 if _ZEN else 64) << 20
-# Whether the filter gradient asks at all. Not on Intel's Emerald Rapids
-# (``emeraldrapids``: a Xeon, family 6 model 207, 2 cores of a VM reporting a
-# 300 MB L3), whose prefetchers kept up at every size tried, in the L3 and from
-# memory (6 December, 2 threads, float32, alternating processes each with its
+# Whether the filter gradient asks at all. Not where the prefetchers keep up
+# (``simd.KEEPS_UP``): on Intel's Emerald Rapids (a Xeon, family 6 model 207,
+# 2 cores of a VM reporting a 300 MB L3) they did at every size tried, in the
+# L3 and from memory (6 December, 2 threads, float32, alternating processes each with its
 # own cache, medians of 3, asking / not, ms): N=32 112x112x32 (103 MB) 3.09 /
 # 2.08, 56x56x144 (116 MB) 3.81 / 3.16, stride 2 (72 MB) 1.94 / 1.65,
 # 112x112x96 stride 2 (193 MB) 7.24 / 5.43, 56x56x96 7x7 (77 MB) 7.06 / 7.18;
@@ -483,7 +483,7 @@ _PREFETCH_FILTER_BYTES = (16 if _ZEN else 64) << 20
 # Asking in pieces of 32 lines did not help (N=32 112x112x32 3.40, 56x56x144
 # 5.10 against 3.32 and 4.90 whole rows). The input gradient there still asks
 # (N=128 56x56x96 7x7, 308 MB: 35.3 / 37.5).
-_FILTER_ASKS = _HOST != "emeraldrapids"
+_FILTER_ASKS = not _KEEPS_UP
 # The windows (rows) from which the stride-1 input gradient asks, and whether
 # the forward does.
 _PREFETCH_INPUT_ROWS = 1 if _ZEN else 5
