@@ -325,10 +325,11 @@ def _by_lanes(plan, adjoint):
     float32 sums; at stride 1, and for strided input gradients with dilation 1
     and column phases that :func:`.lanes.phases_fit`,
     rows of at most ``_LANE_ROW`` pixels or ``_LANE_RUN_ELEMS`` elements (at
-    stride 1 also longer rows, when the operands fit :func:`_cached` or are
-    16-bit: the row kernels write a 16-bit result as float32, rounded in a
-    second pass); strided forwards rows of at most ``_LANE_STRIDED_ROW`` pixels
-    and ``_LANE_ROW_ELEMS`` elements.
+    stride 1 also longer rows, when the operands fit :func:`_cached`, are
+    16-bit (the row kernels write a 16-bit result as float32, rounded in a
+    second pass) or the host's prefetchers keep up, ``simd.KEEPS_UP``);
+    strided forwards rows of at most ``_LANE_STRIDED_ROW`` pixels and
+    ``_LANE_ROW_ELEMS`` elements.
 
     2 threads, N=8, float32 NHWC, lanes / row kernels, min of 3 interleaved
     rounds (``_by_lanes`` forced either way). Forward: 56x56x144 0.74-0.83 /
@@ -343,7 +344,8 @@ def _by_lanes(plan, adjoint):
     0.48 / 0.52-0.55, 0.46-0.48 / 0.49-0.55, 0.48-0.49 / 0.90-0.95; 1-D 1024x512
     5-tap 0.24-0.25 / 0.28-0.29, 0.24-0.25 / 0.26-0.27, 0.20-0.23 / 0.32-0.33,
     and N=8 (32 MB) 0.80-0.85 / 0.94-1.02, 0.80-0.96 / 0.86-0.87, 0.70-0.73 /
-    1.09. From memory the row kernels keep them: N=8 147x147x128 (177 MB) 10.4-11.6
+    1.09. From memory the row kernels keep them (not where ``simd.KEEPS_UP``,
+    ``_LANE_CACHED_BYTES``): N=8 147x147x128 (177 MB) 10.4-11.6
     / 8.0-8.4, 10.8-10.9 / 8.2-8.8, 12.2-12.7 / 11.4-11.5; 56x56x576 (57 MB)
     7.6 / 5.5-5.8. The strided 112x112x96 forward stayed too on an earlier
     host (1.10-1.19 / 0.88-0.90); no longer (``_LANE_STRIDED_ROW``). float64 stays

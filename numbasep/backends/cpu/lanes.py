@@ -474,9 +474,9 @@ _PREFETCH_FILTER_BYTES = (16 if _ZEN else 64) << 20
 # Whether the filter gradient asks at all. Not where the prefetchers keep up
 # (``simd.KEEPS_UP``): on Intel's Emerald Rapids (a Xeon, family 6 model 207,
 # 2 cores of a VM reporting a 300 MB L3) they did at every size tried, in the
-# L3 and from memory (6 December, 2 threads, float32, alternating processes each with its
-# own cache, medians of 3, asking / not, ms): N=32 112x112x32 (103 MB) 3.09 /
-# 2.08, 56x56x144 (116 MB) 3.81 / 3.16, stride 2 (72 MB) 1.94 / 1.65,
+# L3 and from memory (6 December, 2 threads, float32, alternating processes
+# each with its own cache, medians of 3, asking / not, ms): N=32 112x112x32
+# (103 MB) 3.09 / 2.08, 56x56x144 (116 MB) 3.81 / 3.16, stride 2 (72 MB) 1.94 / 1.65,
 # 112x112x96 stride 2 (193 MB) 7.24 / 5.43, 56x56x96 7x7 (77 MB) 7.06 / 7.18;
 # N=96 112x112x32 (308 MB) 15.9 / 12.5, N=192 (616 MB) 33.9 / 26.7, N=128
 # 56x56x144 (462 MB) 27.5 / 23.2, 112x112x96 stride 2 (770 MB) 34.7 / 30.8.
