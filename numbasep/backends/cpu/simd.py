@@ -1533,9 +1533,12 @@ def plane_taps(typingctx, y, y0, x, x0, w, w0, wstep, toffs, masks, ntaps, group
         def vectors(first, count, inside):
             """The step k of a loop over vectors from ``first``, ``count`` at a time."""
             def step(k, _):
-                ks = [b.add(first, b.add(b.mul(k, const(count)), const(u)))
-                      for u in range(count)]
-                at = [b.mul(kv, const(width)) for kv in ks]
+                # one base index per operand, each vector at a constant distance from
+                # it: per-vector indices left LLVM with a pointer each, spilled
+                k0 = b.add(first, b.mul(k, const(count)))
+                ks = [b.add(k0, const(u)) for u in range(count)]
+                at0 = b.mul(k0, const(width))
+                at = [b.add(at0, const(u * width)) for u in range(count)]
 
                 def tap(t, carried, g0):
                     t = b.add(g0, t)
@@ -1546,13 +1549,17 @@ def plane_taps(typingctx, y, y0, x, x0, w, w0, wstep, toffs, masks, ntaps, group
                     wt = b.shuffle_vector(wt, wt, ir.Constant(ir.VectorType(_I32, width),
                                                               [0] * width))
                     out = []
+                    src0 = b.add(b.add(x0v, off), at0)
+                    if inside:
+                        m0 = b.add(b.add(columns, b.mul(kw, nvecv)), k0)
+                    else:
+                        m0 = b.add(b.mul(b.add(t, const(1)), nvecv), k0)
                     for u, s in enumerate(sums):
-                        src = b.add(b.add(x0v, at[u]), off)
+                        src = b.add(src0, const(u * width))
+                        m = mask(b.add(m0, const(u)))
                         if inside:
-                            m = mask(b.add(b.add(columns, b.mul(kw, nvecv)), ks[u]))
                             xv = v.value(2, src)
                         else:
-                            m = mask(b.add(b.mul(b.add(t, const(1)), nvecv), ks[u]))
                             xv = v.masked_value(2, src, m)
                         out.append(b.select(m, b.call(fma, [xv, wt, s]), s))
                     kw = b.add(kw, const(1))
