@@ -243,13 +243,17 @@ def test_which_problems_they_take(monkeypatch):
 
 def test_small_maps_in_the_caches_stay_on_the_tiles(monkeypatch):
     """Without the test's thresholds: maps the tiles take stay there unless they
-    are at least 14 x 14 and their data at least 24 MB (filter gradients) or 16 MB
-    (forwards and input gradients); larger maps read in place, but not for
-    filter gradients of more than 9 taps or other ops' of more than 49."""
+    are at least 14 x 14 and, but for 3x3 windows, their data at least 24 MB
+    (filter gradients) or 16 MB (forwards and input gradients); larger maps
+    read in place, but not for filter gradients of more than 9 taps or other
+    ops' of more than 49."""
     seen, correlations = _spy(monkeypatch, everywhere=False)
     attrs = dict(strides=[1, 1, 1, 1], padding="SAME", data_format="NCHW")
     for shape, k, taken, correlated in (((2, 3, 9, 9), 3, False, False),
-                                        ((1, 2, 14, 14), 3, False, False),
+                                        ((1, 2, 13, 13), 3, False, False),
+                                        ((1, 2, 14, 14), 3, True, True),
+                                        ((1, 2, 14, 14), 5, False, False),
+                                        ((1, 2, 28, 28), 7, False, False),
                                         ((1, 2, 64, 64), 3, True, True),
                                         ((1, 2, 64, 64), 5, False, True),
                                         ((1, 2, 64, 64), 9, False, False)):

@@ -925,12 +925,25 @@ def _same_rows(plan, taps):
 
 
 def _from_memory(plan, least):
-    """Whether ``plan``'s maps have at least ``_IN_PLACE_PIXELS`` pixels and its
-    input and output at least ``least`` bytes: where the in-place kernels beat
-    the tiles, which keep small maps in the caches."""
+    """Whether ``plan``'s maps have at least ``_IN_PLACE_PIXELS`` pixels and, but
+    for 3x3 windows, its input and output at least ``least`` bytes: where the
+    in-place kernels beat the tiles, which keep small maps in the caches.
+
+    3x3 windows read in place from 14x14 at any size since their sizes became
+    constants in :mod:`.inplace`. 2 threads, Intel Emerald Rapids, NCHW time,
+    tiles / in place, medians of 3 rounds alternating with NHWC in one process
+    (ms). Forward, input gradient: N=8 28x28x192 0.72 / 0.30, 0.67 / 0.36;
+    14x14x384 0.45 / 0.22, 0.44 / 0.22; 14x14x576 0.64 / 0.35, 0.66 / 0.44; N=32
+    28x28x192 1.42 / 1.06, 1.48 / 1.05; 14x14x384 1.17 / 1.08, 1.16 / 0.79;
+    14x14x576 1.71 / 1.47, 1.73 / 1.68. Filter gradient: N=8 28x28x192 0.57 /
+    0.43, 14x14x384 0.39 / 0.37, 14x14x576 0.71 / 0.53, 19x19x728 1.24 / 1.01;
+    N=32 14x14x384 1.80 / 1.36, 14x14x576 1.91 / 1.68, 28x28x192 1.30 / 1.60
+    (NCHW / NHWC 1.16 / 1.11: the machine slower in that round). 5x5 and 7x7
+    windows stay on the tiles there (N=8 28x28x120 5x5 forward 0.67 / 1.00,
+    14x14x384 7x7 0.99 / 1.68), and 7x7 maps (under ``_IN_PLACE_PIXELS``) too."""
     pixels = plan.in_sizes[1] * plan.in_sizes[2]
     data = (math.prod(plan.input_shape) + math.prod(plan.output_shape)) * plan.dtype.itemsize
-    return pixels >= _IN_PLACE_PIXELS and data >= least
+    return pixels >= _IN_PLACE_PIXELS and (data >= least or plan.kernel[1:] == (3, 3))
 
 
 def _in_place(plan):
@@ -946,7 +959,8 @@ def _in_place(plan):
     1.78 (float16 0.70 / 1.11, bfloat16 0.74 / 1.14), 112x112x32 0.79 / 1.31,
     1-D 1024x512 3 taps 0.56 / 1.27, 5 taps 0.79 / 1.40; N=1 147x147x128 0.72 /
     1.33, 56x56x144 0.145 / 0.156, 112x112x32 0.111 / 0.137. The tiles keep small
-    maps in the caches (N=8 14x14x576 0.57 / 0.41, 28x28x192 0.37 / 0.34, 19x19x728
+    maps in the caches (3x3 windows until they took constants, :func:`_from_memory`;
+    N=8 14x14x576 0.57 / 0.41, 28x28x192 0.37 / 0.34, 19x19x728
     0.91 / 0.71, N=32 7x7x960 1.72 / 0.78, 14x14x384 1.37 / 1.29), and the planes
     5x5 and 7x7 windows (N=8 56x56x96 7x7 3.42 / 3.21, 14x14x672 5x5 1.38 /
     0.62): a tap's unaligned loads, one per multiply-add, cost more than the
@@ -980,7 +994,8 @@ def _in_place_correlation(plan, adjoint):
     19x19x728 2.56 / 4.87, 2.53 / 4.92; 14x14x576 1.65 / 2.55, 1.26 / 2.42;
     14x14x384 0.76 / 0.93, 0.82 / 0.88; 14x14x672 5x5 3.03 / 3.36, 3.20 / 3.49;
     28x28x240 5x5 3.81 / 4.38; N=8 19x19x728 (17 MB) 0.61 / 0.66, 0.61 / 0.72.
-    In the caches the tiles stay faster: N=8 28x28x192 (10 MB) 0.33 / 0.29,
+    In the caches the tiles stayed faster (3x3 windows until they took
+    constants, :func:`_from_memory`): N=8 28x28x192 (10 MB) 0.33 / 0.29,
     14x14x576 0.54 / 0.52, 28x28x240 5x5 (12 MB) 0.98 / 0.73, 14x14x672 5x5
     0.74 / 0.54; N=32 7x7x960 0.72 / 0.48."""
     if not _same_rows(plan, _IN_PLACE_WINDOW):
