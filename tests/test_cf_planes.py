@@ -191,11 +191,13 @@ def test_filter_gradient_independent_of_thread_count():
     assert len(got) == 1
 
 
-# Rows of a stride-2 input gradient go back from their two column phases 16
-# outputs at a time where both phases hold the columns (simd.interleave8), the
-# ends one at a time: wide rows, both parities of width and of padding.
+# Rows of an input gradient at column stride 2: the even and the odd columns'
+# sums side by side, interleaved as stored (simd.interleaved_sums), a row's last
+# columns under a mask: both parities of width and of padding, rows shorter than
+# a pair of vectors and longer than a block of them.
 @pytest.mark.parametrize("width, pads", [(40, None), (37, None), (41, [1, 2, 3, 0]),
-                                         (36, [0, 1, 0, 1])])
+                                         (36, [0, 1, 0, 1]), (133, [1, 2, 3, 0]),
+                                         (160, None), (7, [0, 0, 2, 1])])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_stride_2_rows_interleave_their_phases(monkeypatch, width, pads, dtype):
     seen = _taken(monkeypatch)
@@ -208,16 +210,21 @@ def test_stride_2_rows_interleave_their_phases(monkeypatch, width, pads, dtype):
 
 # Large results of the forward and of the strided input gradient: each plane
 # assembled in a scratch plane and sent to the result with non-temporal stores
-# (driver._STREAM_PLANES, patched to 0 here); the bits of the plain kernel, which
-# takes unaligned results. (float64 streams through the same dtype-generic
+# (driver._STREAM_PLANES and _STREAM_ROWS, patched to 0 here), or at column
+# stride 2, rows of whole 64-byte lines stored straight to the result, others
+# sent on line by line as rows complete them (all at the end where cells no
+# window reaches are cleared: explicit padding 0); the bits of the plain kernel,
+# which takes unaligned results. (float64 streams through the same dtype-generic
 # simd.stream_copy, which test_simd checks on its own.)
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
-@pytest.mark.parametrize("op, stride, pads", [("input", 2, None), ("input", 2, [1, 0, 0, 1]),
-                                              ("input", 3, None), ("forward", 1, None),
-                                              ("forward", 1, [1, 1, 0, 0])])
-def test_large_results_stream_their_planes(monkeypatch, dtype, op, stride, pads):
+@pytest.mark.parametrize("op, stride, pads, width", [
+    ("input", 2, None, 16), ("input", 2, [1, 0, 0, 1], 16), ("input", 2, None, 24),
+    ("input", 2, [0, 0, 0, 0], 16), ("input", 3, None, 16), ("forward", 1, None, 64),
+    ("forward", 1, [1, 1, 0, 0], 64)])
+def test_large_results_stream_their_planes(monkeypatch, dtype, op, stride, pads, width):
     import reference as R
     monkeypatch.setattr(driver, "_STREAM_PLANES", 0)
+    monkeypatch.setattr(driver, "_STREAM_ROWS", 0)
     support.route_afresh(monkeypatch)
     used = []
     real = driver._kernel_for
@@ -226,9 +233,9 @@ def test_large_results_stream_their_planes(monkeypatch, dtype, op, stride, pads)
         used.append(real(launch, buf))
         return used[-1]
     monkeypatch.setattr(driver, "_kernel_for", spy)
-    # planes of whole 64-byte lines (stride 2: 32 elements); the forward's on the
-    # plane kernels (smaller maps take the tile kernels)
-    shape = (2, 3, 16, 64) if op == "forward" else (2, 3, 8, 16)
+    # planes of whole 64-byte lines; the forward's on the plane kernels (smaller
+    # maps take the tile kernels)
+    shape = (2, 3, 16, width) if op == "forward" else (2, 3, 8, width)
     attrs = dict(strides=[1, 1, stride, stride],
                  padding="SAME" if pads is None else "EXPLICIT",
                  explicit_paddings=[] if pads is None else [0, 0, 0, 0] + pads,

@@ -59,19 +59,67 @@ def test_deinterleave8_splits_even_and_odd(dtype):
     np.testing.assert_array_equal(dst, want)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_interleave8_merges_two_runs(dtype):
-    @_once()
-    def run(src, s0, s1, dst, d0):
-        simd.interleave8(src, s0, s1, dst, d0)
+def _interleaved_run(dst, d0, src, s0, offs, wv, t0, n0, n1, width, stream):
+    simd.interleaved_sums(dst, d0, src, s0, offs, wv, t0, n0, n1, width, stream)
+    simd.sfence()
 
-    src = np.arange(40, dtype=dtype) * 1.5 - 9
-    dst = np.full(60, -1, dtype)
-    run(src, 3, 22, dst, 5)
-    want = np.full(60, -1, dtype)
-    want[5:21:2] = src[3:11]
-    want[6:21:2] = src[22:30]
-    np.testing.assert_array_equal(dst, want)
+
+def _interleaved_want(src, s0, offs, wv, t0, n0, n1, width):
+    """interleaved_sums in float64, term by term."""
+    src, wv = src.astype(np.float64), wv.astype(np.float64)
+    want = np.zeros(width)
+    for i in range(width):
+        first, n = (t0, n0) if i % 2 == 0 else (t0 + n0, n1)
+        want[i] = sum(src[s0 + i // 2 + offs[t]] * wv[t] for t in range(first, first + n))
+    return want
+
+
+# widths below one pair of vectors, between, and above a block of 4 pairs
+# (simd._PAIRED_BLOCK), ending on a vector, inside one, or on a pair
+@pytest.mark.parametrize("stream", [0, 1])
+@pytest.mark.parametrize("width", [1, 15, 32, 33, 112, 160, 200, 256])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_interleaved_sums_add_each_parity_s_taps(dtype, width, stream):
+    run = _once()(_interleaved_run)
+    rng = np.random.default_rng(width)
+    src = rng.standard_normal(width + 200).astype(dtype)
+    offs = rng.integers(0, 40, 9)
+    wv = rng.standard_normal(9).astype(dtype)
+    per = 64 // np.dtype(dtype).itemsize          # a streamed row starts on a line
+    dst = numbasep.empty_aligned((width + 3 * per,), dtype)
+    dst[:] = 7
+    run(dst, per, src, 3, offs, wv, 2, 4, 3, width, stream)
+    assert (dst[:per] == 7).all() and (dst[per + width:] == 7).all()   # nothing else touched
+    want = _interleaved_want(src, 3, offs, wv, 2, 4, 3, width)
+    np.testing.assert_allclose(dst[per:per + width], want, rtol=0,
+                               atol={np.float32: 1e-5}.get(dtype, 1e-13) * 8)
+
+
+def test_interleaved_sums_of_no_taps_are_plus_zero():
+    run = _once()(_interleaved_run)
+    src = -np.ones(100, np.float32)
+    dst = np.full(40, 7, np.float32)
+    wv = np.float32([2, 3])
+    run(dst, 0, src, 0, np.int64([0, 1]), wv, 0, 2, 0, 37, 0)    # odd columns: no taps
+    np.testing.assert_array_equal(dst[:37:2], np.float32(-5))
+    assert (dst[1:37:2] == 0).all() and not np.signbit(dst[1:37:2]).any()
+    assert (dst[37:] == 7).all()
+
+
+@pytest.mark.parametrize("bits", [np.float16, ml_dtypes.bfloat16])
+def test_interleaved_sums_round_into_16_bit_bit_patterns(bits):
+    run = _once()(_interleaved_run)
+    rng = np.random.default_rng(5)
+    src = (rng.standard_normal(120) * 50).astype(np.float32)
+    dst = halves.bits(np.full(50, -1, bits))
+    offs, wv = np.int64([0, 5, 2]), np.float32([1, 0.5, 1])
+    run(dst, 2, src, 3, offs, wv, 0, 2, 1, 45, 0)
+    want = np.full(50, -1, np.float32)
+    for i in range(45):
+        j = 3 + i // 2
+        want[2 + i] = (np.float32(src[j] + src[j + 5] * np.float32(0.5)) if i % 2 == 0
+                       else src[j + 2])
+    np.testing.assert_array_equal(dst, halves.bits(want.astype(bits)))
 
 
 @pytest.mark.parametrize("lanes", [8, 16])
@@ -628,25 +676,6 @@ def test_stream_copy_copies_whole_lines_and_nothing_else(dtype):
     want = np.full(8 * per, 7, dtype)
     want[per:4 * per] = src[5:5 + 3 * per]
     np.testing.assert_array_equal(dst, want)
-
-
-@pytest.mark.parametrize("bits", [np.float16, ml_dtypes.bfloat16])
-def test_interleave8_rounds_into_16_bit_bit_patterns(bits):
-    @_once()
-    def run(src, s0, s1, dst, d0):
-        simd.interleave8(src, s0, s1, dst, d0)
-
-    # float32 values between 16-bit neighbours, ties included: rounded to nearest even
-    rng = np.random.default_rng(5)
-    src = (rng.standard_normal(40) * 50).astype(np.float32)
-    src[3:7] = np.float32(1) + np.float32(2.0 ** -11) * np.arange(1, 5, dtype=np.float32)
-    src[7:9] = np.float32(1) + np.float32(2.0 ** -8) * np.array([1, 3], np.float32)
-    dst = halves.bits(np.full(40, -1, bits))
-    run(src, 3, 20, dst, 2)
-    want = np.full(40, -1, np.float32)
-    want[2:18:2] = src[3:11]
-    want[3:18:2] = src[20:28]
-    np.testing.assert_array_equal(dst, halves.bits(want.astype(bits)))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

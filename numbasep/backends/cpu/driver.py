@@ -521,6 +521,9 @@ def _streaming(plan, name, res_shape, channels):
 # (48 MB) 2.8-3.0 / 3.1-3.7, N=8 (39 MB) 1.9-2.0 / 2.5-2.8; forward N=16
 # 56x56x144 (29 MB) 2.2-2.6 / 2.4-2.8.
 _STREAM_PLANES = 50 << 20
+# The same for the input gradient at a column stride of 2 whose rows are whole
+# 64-byte lines: its rows go to memory as they are summed (planes.backprop_input).
+_STREAM_ROWS = 16 << 20
 
 
 def _plane_streaming(plan, adjoint):
@@ -532,9 +535,10 @@ def _plane_streaming(plan, adjoint):
     item = plan.dtype.itemsize
     sizes, shape = ((plan.in_sizes, plan.input_shape) if adjoint
                     else (plan.out_sizes, plan.output_shape))
+    rows = adjoint and plan.strides[2] == 2 and sizes[2] * item % 64 == 0
     return (simd.STREAMS and (plan.strides[1] * plan.strides[2] > 1 or not adjoint)
             and sizes[1] * sizes[2] * item % 64 == 0
-            and math.prod(shape) * item > _STREAM_PLANES)
+            and math.prod(shape) * item > (_STREAM_ROWS if rows else _STREAM_PLANES))
 
 
 def _plane_launch(kern, shapes, plan, stream=False):

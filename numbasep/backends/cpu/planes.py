@@ -8,7 +8,10 @@ split by phase modulo the stride, "space to depth": every tap of the window then
 reads one contiguous run of the scratch, at a fixed offset, for all outputs at
 once. A tap is one vectorised multiply-add over ``OH * WQ`` elements, where
 ``WQ`` is the output row length plus the window's reach; the few extra columns
-per row are computed and dropped. The plane crosses memory once each way.
+per row are computed and dropped. The plane crosses memory once each way. The
+input gradient at a column stride of 2 writes no phase planes: a row's even and
+odd columns are summed side by side from the padded output gradient and stored
+interleaved (:func:`_bin_rows`).
 
 Products with the zero padding, and with the dropped columns, are not products
 of the operator: with an Inf or NaN among the operands they would put NaN where
@@ -61,8 +64,9 @@ from .halves import stored as _stored
 from .halves import value as _val
 from .kernels import _REDUCE_MATH, _u
 from .simd import copy_rows as _copy_rows
-from .simd import deinterleave8, interleave8
+from .simd import deinterleave8
 from .simd import fma as _fma
+from .simd import interleaved_sums as _interleaved_sums
 from .simd import sfence as _sfence
 from .simd import stream_copy as _stream_copy
 from .simd import DOT_SLOTS as _SLOTS
@@ -83,14 +87,18 @@ _PIECE = 256
 # plane) to keep the threads' loads even.
 _TASK_ELEMS = 1 << 15
 _TASKS = 32
+# The same for the input gradient at column stride 2, whose planes go faster,
+# so that a task's setup weighs as little: 2 threads, N=32 112x112x96, 3x3,
+# streaming, elements per task 32K / 128K: 7.8 / 6.3 ms (in one process).
+_ROW_TASK_ELEMS = 1 << 17
 
 
 @njit(inline="always")
-def _task_count(planes, plane_elems):
-    """Tasks for ``planes`` planes of ``plane_elems`` elements; independent of the
-    number of threads (:func:`numba.get_num_threads` in a kernel would keep it
-    from the cache)."""
-    return max(1, min(planes, max(_TASKS, planes * plane_elems // _TASK_ELEMS)))
+def _task_count(planes, plane_elems, task_elems=_TASK_ELEMS):
+    """Tasks for ``planes`` planes of ``plane_elems`` elements, about ``task_elems``
+    elements each; independent of the number of threads
+    (:func:`numba.get_num_threads` in a kernel would keep it from the cache)."""
+    return max(1, min(planes, max(_TASKS, planes * plane_elems // task_elems)))
 
 
 @njit(inline="always")
@@ -191,40 +199,10 @@ def _scatter_plane(src, s0, H, W, xp, cols, sh, sw, ph, pw, RQ, WQ, S, ih0, ih1)
 
 
 @njit(inline="always")
-def _gather_pair(xp, d0, d1, dst, r, cols):
-    """One row of a stride-2 plane from its two column phases ``xp[d0:]`` and
-    ``xp[d1:]`` (:func:`_scatter_plane`'s ``sw == 2`` case reversed): phase
-    column q of phase b to ``dst[r + 2*q + b]``, 16 outputs per step where both
-    phases hold the columns (the loop vectoriser left this scalar: 1 thread,
-    NCHW input gradient, scalar / 16 a step (ms): N=8 112x112x96 5.7-8.5 /
-    4.6-6.1, N=32 56x56x144 13.2-13.4 / 11.0-11.4, N=8 56x56x72 5x5 1.17-1.19 /
-    0.93-0.99)."""
-    lo0, hi0, lo1, hi1 = cols[0, 0], cols[0, 1], cols[1, 0], cols[1, 1]
-    lo, hi = max(lo0, lo1), min(hi0, hi1)
-    if lo >= hi:
-        lo, hi = hi0, hi0
-    q = lo
-    while q + 8 <= hi:
-        interleave8(xp, d0 + q, d1 + q, dst, r + 2 * q)
-        q += 8
-    for q in range(q, hi):
-        dst[_u(r + 2 * q)] = _stored(xp[_u(d0 + q)], dst)
-        dst[_u(r + 2 * q + 1)] = _stored(xp[_u(d1 + q)], dst)
-    for q in range(lo0, min(lo, hi0)):
-        dst[_u(r + 2 * q)] = _stored(xp[_u(d0 + q)], dst)
-    for q in range(max(hi, lo0), hi0):
-        dst[_u(r + 2 * q)] = _stored(xp[_u(d0 + q)], dst)
-    for q in range(lo1, min(lo, hi1)):
-        dst[_u(r + 2 * q + 1)] = _stored(xp[_u(d1 + q)], dst)
-    for q in range(max(hi, lo1), hi1):
-        dst[_u(r + 2 * q + 1)] = _stored(xp[_u(d1 + q)], dst)
-
-
-@njit(inline="always")
 def _gather_plane(xp, dst, d0, H, W, cols, sh, sw, ph, pw, RQ, WQ, S, ih0, ih1):
     """The inverse of :func:`_scatter_plane`: rows ``ih0`` to ``ih1`` of the phase
     planes back into the plane ``dst[d0 : d0 + H*W]``; input cells no window
-    reaches get 0. (Stride 2 or more: all rows.)"""
+    reaches get 0. (Strides other than 1 and column stride 2: all rows.)"""
     if sh == 1 and sw == 1:
         rows = max(ih0, min(ih1, RQ - ph))
         n = max(0, min(W, WQ - pw))
@@ -241,13 +219,10 @@ def _gather_plane(xp, dst, d0, H, W, cols, sh, sw, ph, pw, RQ, WQ, S, ih0, ih1):
             dst[_u(r + iw)] = 0
         if rr < RQ:
             d = a * sw * S + rr * WQ
-            if sw == 2:
-                _gather_pair(xp, d, d + S, dst, r - pw, cols)
-            else:
-                for b in range(sw):
-                    db = d + b * S
-                    for q in range(cols[b, 0], cols[b, 1]):
-                        dst[_u(r + q * sw + b - pw)] = _stored(xp[_u(db + q)], dst)
+            for b in range(sw):
+                db = d + b * S
+                for q in range(cols[b, 0], cols[b, 1]):
+                    dst[_u(r + q * sw + b - pw)] = _stored(xp[_u(db + q)], dst)
         a += 1
         if a == sh:
             a = 0
@@ -479,10 +454,12 @@ def backprop_input(dy, w, dx, sh, sw, rh, rw, ph, pw, stream):
     LR = min(RQ * WQ, ((ph + H - 1) // sh + 1) * WQ) - j0
     LR = (max(LR, 0) + _VEC - 1) // _VEC * _VEC
     NP = N * C
-    T = _task_count(NP, H * W)
+    T = _task_count(NP, H * W, _ROW_TASK_ELEMS if sw == 2 else _TASK_ELEMS)
     for job in prange(T):
-        xp = np.empty(sh * sw * S, w.dtype)
-        gp = np.zeros(lead + LJ + _VEC, w.dtype)    # columns past OW stay 0
+        xp = np.empty(0 if sw == 2 else sh * sw * S, w.dtype)    # the phase planes
+        # columns past OW stay 0; interleaved_sums reads up to a vector past a row
+        gp = np.zeros(max(lead + LJ, lead + RQ * WQ + (pw + 1) // 2 + (W + 1) // 2 + _VEC)
+                      + _VEC, w.dtype)
         cols = np.empty((sw, 2), np.int64)
         _phase_cols(cols, sw, pw, W, WQ)
         # taps grouped by phase: which taps, and their source offsets into gp
@@ -499,25 +476,48 @@ def backprop_input(dy, w, dx, sh, sw, rh, rw, ph, pw, stream):
                 src[f, count[f]] = lead - (dr * WQ + dq) + j0
                 count[f] += 1
         wv = np.empty(KH * KW, w.dtype)
+        # column stride 2: each row phase's taps of the even and of the odd columns
+        # (their offsets into gp from a row's start, and which taps), for
+        # interleaved_sums
+        KK = KH * KW
+        pairs = np.zeros((sh, 2), np.int64)
+        poffs = np.empty(sh * KK if sw == 2 else 0, np.int64)
+        ptaps = np.empty(sh * KK if sw == 2 else 0, np.int64)
+        pwv = np.empty(sh * KK if sw == 2 else 0, w.dtype)
+        for a in range(sh if sw == 2 else 0):
+            n = a * KK
+            for e in range(2):
+                f = a * 2 + (pw + e) % 2
+                for t in range(count[f]):
+                    poffs[n] = src[f, t] - j0 + (pw + e) // 2
+                    ptaps[n] = which[f, t]
+                    n += 1
+                pairs[a, e] = count[f]
         # input cells no window reaches: an empty sum, +0, where the phase planes
         # hold sums of the padding's zero products (-0 with a negative tap)
         lost_rows = _unlinked(H, OH, KH, sh, rh, ph, False)
         lost_cols = _unlinked(W, OW, KW, sw, rw, pw, False)
-        geo = (H, W, OH, OW, sh, sw, rh, rw, ph, pw, RQ, WQ, S, lead, j0, LR)
+        geo = (H, W, OH, OW, sh, sw, rh, rw, ph, pw, RQ, WQ, S, lead, j0, LR, KK)
+        # stream at column stride 2: rows of whole 64-byte lines stored straight to
+        # dx, non-temporally (_bin_rows)
+        direct = 1 if stream and M == 1 and sw == 2 and W % (64 // dx.itemsize) == 0 else 0
+        rows = (pairs, poffs, ptaps, pwv, direct)
         # depth multiplier M > 1: the M output channels' gradients summed in order
         # of m (as if the input were repeated in memory), the last sum stored
         total = np.empty(H * W if M > 1 else 0, w.dtype)
         more = np.empty(H * W if M > 1 else 0, w.dtype)
         # stream: each strided plane assembled here, then sent to dx (_bin_plane)
-        stage = np.empty(H * W if stream and M == 1 and sh * sw > 1 else 0, dx.dtype)
+        stage = np.empty(H * W if stream and M == 1 and sh * sw > 1 and rows[4] == 0 else 0,
+                         dx.dtype)
         p0, p1 = job * NP // T, (job + 1) * NP // T
         if M > 1:
             _bin_multiplier_planes(dy, dyf, w, wk, p0, p1, C, M, gp, xp, wv, count, which,
-                                   src, cols, lost_rows, lost_cols, dxf, total, more, geo)
+                                   src, cols, lost_rows, lost_cols, dxf, total, more, geo,
+                                   rows)
         else:
             for pl in range(p0, p1):
                 _bin_plane(dy, dyf, w, wk, pl // C, pl % C, gp, xp, wv, count, which, src,
-                           cols, lost_rows, lost_cols, dxf, pl * H * W, geo, stage)
+                           cols, lost_rows, lost_cols, dxf, pl * H * W, geo, stage, rows)
         if stream:
             _sfence()
 
@@ -526,7 +526,7 @@ def backprop_input(dy, w, dx, sh, sw, rh, rw, ph, pw, stream):
 # inlining it a second time: the kernel took 72 s to compile, 44 s with this call.
 @njit(nogil=True)
 def _bin_multiplier_planes(dy, dyf, w, wk, p0, p1, C, M, gp, xp, wv, count, which, src, cols,
-                           lost_rows, lost_cols, dxf, total, more, geo):
+                           lost_rows, lost_cols, dxf, total, more, geo, rows):
     """Input planes [p0, p1) of :func:`backprop_input` at depth multiplier M > 1:
     the M output channels' gradients of each summed in order of m (as if the
     input were repeated in memory), the last sum stored."""
@@ -536,7 +536,8 @@ def _bin_multiplier_planes(dy, dyf, w, wk, p0, p1, C, M, gp, xp, wv, count, whic
         d0 = pl * H * W
         for m in range(M):
             _bin_plane(dy, dyf, w, wk, n, c * M + m, gp, xp, wv, count, which, src, cols,
-                       lost_rows, lost_cols, total if m == 0 else more, 0, geo, total[:0])
+                       lost_rows, lost_cols, total if m == 0 else more, 0, geo, total[:0],
+                       rows)
             if m == M - 1:
                 for i in range(H * W):
                     dxf[_u(d0 + i)] = _stored(total[_u(i)] + more[_u(i)], dxf)
@@ -547,15 +548,18 @@ def _bin_multiplier_planes(dy, dyf, w, wk, p0, p1, C, M, gp, xp, wv, count, whic
 
 @njit(inline="always")
 def _bin_plane(dy, dyf, w, wk, n, k, gp, xp, wv, count, which, src, cols, lost_rows, lost_cols,
-               dst, at, geo, stage):
+               dst, at, geo, stage, rows):
     """Output channel k's input gradient of image n, into the plane at ``dst[at]``
     (see :func:`backprop_input`); strided, with a ``stage`` (not empty): there
     first, then streamed to ``dst`` (:func:`.simd.stream_copy`)."""
-    H, W, OH, OW, sh, sw, rh, rw, ph, pw, RQ, WQ, S, lead, j0, LR = geo
+    H, W, OH, OW, sh, sw, rh, rw, ph, pw, RQ, WQ, S, lead, j0, LR, KK = geo
     if not _finite_taps(w, k):
         _bin_direct(dy[n, k], w, dst[at:at + H * W].reshape(H, W), k, sh, sw, rh, rw, ph, pw)
         return
     g0 = (n * dy.shape[1] + k) * OH * OW
+    if sw == 2:
+        _bin_rows(dyf, wk, k, g0, gp, dst, at, stage, lost_rows, lost_cols, geo, rows)
+        return
     if sh * sw > 1:
         _copy_rows(gp, lead, WQ, dyf, g0, OW, OH, OW)
         for f in range(sh * sw):
@@ -591,6 +595,56 @@ def _bin_plane(dy, dyf, w, wk, n, k, gp, xp, wv, count, which, src, cols, lost_r
                 _gather_plane(xp, dst, at, H, W, cols, 1, 1, ph, pw, RQ, WQ, S, done_out, ready)
                 done_out = ready
     _clear(dst, at, H, W, lost_rows, lost_cols)
+
+
+@njit(inline="always")
+def _bin_rows(dyf, wk, k, g0, gp, dst, at, stage, lost_rows, lost_cols, geo, rows):
+    """:func:`_bin_plane` at a column stride of 2: each input-gradient row's even
+    and odd columns summed side by side and stored interleaved
+    (:func:`.simd.interleaved_sums`), with no phase planes to write and gather
+    back. 1 thread, NCHW float32, stride 2, phase planes / rows (ms, medians
+    of 31 calls alternating in one process, bit-identical): N=4 112x112x96
+    3x3 2.54 / 1.48, streaming 3.60 / 2.04."""
+    H, W, OH, OW, sh, sw, rh, rw, ph, pw, RQ, WQ, S, lead, j0, LR, KK = geo
+    pairs, poffs, ptaps, pwv, direct = rows
+    done_in = 0
+    for a in range(sh):
+        for t in range(a * KK, a * KK + pairs[a, 0] + pairs[a, 1]):
+            pwv[t] = wk[ptaps[t], k]
+    out, o0 = (stage, 0) if stage.size else (dst, at)
+    # streaming through the stage: the 64-byte lines a row completes sent on
+    # at once (while in L1), unless cells no window reaches are to be cleared
+    line = 64 // dst.itemsize
+    early = stage.size > 0 and lost_rows[0] + lost_cols[0] == 0
+    sent = 0
+    a, rr = ph % sh, ph // sh
+    for ih in range(H):
+        r = o0 + ih * W
+        if rr < RQ:
+            # the dy rows this row reads (rows up to rr) copied in as it comes
+            # to them, the reads from memory spread among the writes
+            need = min(OH, rr + 1)
+            if need > done_in:
+                _copy_rows(gp, lead + done_in * WQ, WQ, dyf, g0 + done_in * OW, OW,
+                           need - done_in, OW)
+                done_in = need
+            _interleaved_sums(out, r, gp, rr * WQ, poffs, pwv, a * KK, pairs[a, 0],
+                              pairs[a, 1], W, direct)
+        else:
+            for iw in range(W):
+                out[_u(r + iw)] = 0
+        if early:
+            done = (r + W) // line * line
+            if done > sent:
+                _stream_copy(dst, at + sent, stage, sent, done - sent)
+                sent = done
+        a += 1
+        if a == sh:
+            a = 0
+            rr += 1
+    _clear(out, o0, H, W, lost_rows, lost_cols)
+    if stage.size:
+        _stream_copy(dst, at + sent, stage, sent, H * W - sent)
 
 
 @njit(parallel=True, nogil=True, cache=True, fastmath=_REDUCE_MATH)

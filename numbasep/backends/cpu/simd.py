@@ -116,30 +116,6 @@ def deinterleave8(typingctx, src, s0, dst, d0, d1):
     return sig, codegen
 
 
-_INTERLEAVE = ir.Constant(ir.VectorType(_I32, 16), [k // 2 + 8 * (k % 2) for k in range(16)])
-
-
-@intrinsic
-def interleave8(typingctx, src, s0, s1, dst, d0):
-    """``dst[d0 : d0+16 : 2] = src[s0 : s0+8]`` and ``dst[d0+1 : d0+16 : 2] =
-    src[s1 : s1+8]``: the inverse of :func:`deinterleave8`, two loads, one
-    shuffle, one store of 16 elements (16-bit bit patterns rounded as stored, as
-    :func:`.halves.stored` rounds them)."""
-    if not _with_bits(src.dtype, dst.dtype):
-        return None
-    sig = types.void(src, s0, s1, dst, d0)
-
-    def codegen(context, builder, signature, args):
-        _, s0v, s1v, _, d0v = args
-        wide = _Lanes(context, builder, signature, args, 16, floats=0)
-        half = _Lanes(context, builder, signature, args, 8, floats=0)
-        a, b = half.load(0, s0v), half.load(0, s1v)
-        wide.put(builder.shuffle_vector(a, b, _INTERLEAVE), 3, d0v)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
 @intrinsic
 def fma(typingctx, a, b, c):
     """``a*b + c`` rounded once (float32 or float64; the widest of the three).
@@ -1293,6 +1269,115 @@ def tap_sums(typingctx, dst, d0, src, offs, wv, ntaps, length):
 
     return sig, codegen
 
+
+
+# Pairs of vectors (2L columns each) that interleaved_sums computes at once.
+_PAIRED_BLOCK = 4
+
+
+# 16 lanes k of the two vectors of sums E (0..L-1) and O (L..2L-1) of 2L
+# consecutive columns, interleaved: E[k], O[k], E[k+1], ...
+def _zip_half(width, half):
+    return ir.Constant(ir.VectorType(_I32, width),
+                       [half * width // 2 + k // 2 + width * (k % 2) for k in range(width)])
+
+
+@intrinsic
+def interleaved_sums(typingctx, dst, d0, src, s0, offs, wv, t0, n0, n1, width, stream):
+    """``dst[d0 + i]`` for i < ``width``: the sum, in order of t, of ``src[s0 + i//2
+    + offs[t]] * wv[t]`` over the ``n0`` taps t from ``t0`` where i is even, the
+    ``n1`` after them where i is odd; the first product rounded alone, each
+    further one fused (:func:`fma`), as :func:`tap_sums` adds; +0 with no taps.
+
+    One row of the input gradient at a column stride of 2, in place of two
+    phase planes' tap sums and their interleaving afterwards: the
+    even and the odd columns' sums, a vector of each, interleaved in registers
+    and stored as two vectors of consecutive columns, two at a time. ``src``
+    is float32 or float64 and must hold a vector past the last element read;
+    ``dst`` the same or (with float32) 16-bit bit patterns, rounded as stored.
+    ``stream``: whole vectors stored non-temporally (``dst[d0]`` on a 64-byte
+    boundary); a last part shorter than two vectors under a mask."""
+    if not (isinstance(src, types.Array) and _with_bits(src.dtype, dst.dtype)
+            and all(isinstance(a, types.Array) for a in (dst, offs, wv))
+            and isinstance(offs.dtype, types.Integer)):
+        return None
+    sig = types.void(dst, d0, src, s0, offs, wv, t0, n0, n1, width, stream)
+
+    def codegen(context, builder, signature, args):
+        b = builder
+        f64 = signature.args[2].dtype == types.float64
+        L = WIDE // 2 if f64 else WIDE
+        v = _Lanes(context, b, signature, args, L, floats=2)
+        fma = v.fma()
+        d0v, s0v, t0v, n0v, n1v, wdv = (context.cast(b, args[k], signature.args[k], types.intp)
+                                        for k in (1, 3, 6, 7, 8, 9))
+        streamv = context.cast(b, args[10], signature.args[10], types.intp)
+        ity = d0v.type
+
+        def const(i):
+            return ir.Constant(ity, i)
+        start = ir.Constant(v.vty, [-0.0] * L)
+        zero = ir.Constant(v.vty, [0.0] * L)
+
+        def sums(first, n, js):
+            """Vectors of sums of the n taps from ``first`` at the columns js."""
+            def tap(t, carried):
+                t = b.add(first, t)
+                off = b.add(s0v, context.cast(b, v.scalar(4, t), signature.args[4].dtype,
+                                              types.intp))
+                w = b.insert_element(ir.Constant(v.vty, ir.Undefined), v.scalar(5, t), _I32(0))
+                w = b.shuffle_vector(w, w, ir.Constant(ir.VectorType(_I32, L), [0] * L))
+                return [b.call(fma, [v.load(2, b.add(off, j)), w, s])
+                        for j, s in zip(js, carried)]
+            # (-0 plus the first product is that product, to the bit)
+            got = v.loop(n, [start] * len(js), tap)
+            none = b.icmp_signed("==", n, const(0))
+            return [b.select(none, zero, s) for s in got]
+
+        def splat(x):
+            x = b.insert_element(ir.Constant(ir.VectorType(ity, L), ir.Undefined), x, _I32(0))
+            return b.shuffle_vector(x, x, ir.Constant(ir.VectorType(_I32, L), [0] * L))
+        lanes = ir.Constant(ir.VectorType(ity, L), list(range(L)))
+
+        def emit(j0, count, streaming, last=None):
+            """``count`` pairs of vectors of columns from column 2*j0; ``last``: the
+            columns left for the last pair (1 to 2L), stored under masks."""
+            js = [b.add(j0, const(u * L)) for u in range(count)]
+            even = sums(t0v, n0v, js)
+            odd = sums(b.add(t0v, n0v), n1v, js)
+            for u, (j, e, o) in enumerate(zip(js, even, odd)):
+                for half in (0, 1):
+                    value = b.shuffle_vector(e, o, _zip_half(L, half))
+                    at = b.add(d0v, b.add(b.add(j, j), const(half * L)))
+                    if last is None or u < count - 1:
+                        v.put(value, 0, at, stream=streaming)
+                        continue
+                    left = b.sub(last, const(half * L))
+                    with b.if_else(b.icmp_signed(">=", left, const(L))) as (whole, part):
+                        with whole:
+                            v.put(value, 0, at, stream=streaming)
+                        with part:
+                            with b.if_then(b.icmp_signed(">", left, const(0))):
+                                v.masked_put(value, 0, at,
+                                             b.icmp_signed("<", lanes, splat(left)))
+
+        block = const(_PAIRED_BLOCK * 2 * L)
+        blocks = b.sdiv(wdv, block)
+        rest = b.sub(wdv, b.mul(blocks, block))
+        # pairs in the last, partial block, and columns in its last pair
+        tail = b.sdiv(b.add(rest, const(2 * L - 1)), const(2 * L))
+        last = b.sub(rest, b.mul(b.sub(tail, const(1)), const(2 * L)))
+        tail_j0 = b.mul(blocks, const(_PAIRED_BLOCK * L))
+        for streaming in (0, 1):
+            with b.if_then(b.icmp_signed("==", streamv, const(streaming))):
+                v.loop(blocks, [], lambda k, _: emit(
+                    b.mul(k, const(_PAIRED_BLOCK * L)), _PAIRED_BLOCK, streaming) or [])
+                for count in range(1, _PAIRED_BLOCK + 1):
+                    with b.if_then(b.icmp_signed("==", tail, const(count))):
+                        emit(tail_j0, count, streaming, last)
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 #: Slots per tap of :func:`tap_dots`'s partial sums: a vector's lanes (the first
 #: 8 or 16 used), so that callers need not know the host's vector width.
