@@ -1270,13 +1270,12 @@ def tap_sums(typingctx, dst, d0, src, offs, wv, ntaps, length):
     return sig, codegen
 
 
-
 # Pairs of vectors (2L columns each) that interleaved_sums computes at once.
 _PAIRED_BLOCK = 4
 
 
-# 16 lanes k of the two vectors of sums E (0..L-1) and O (L..2L-1) of 2L
-# consecutive columns, interleaved: E[k], O[k], E[k+1], ...
+# Half ``half`` of the 2L columns whose even and odd ones are the vectors E
+# (lanes 0..L-1 of a shuffle of two) and O (L..2L-1): E[k], O[k], E[k+1], ...
 def _zip_half(width, half):
     return ir.Constant(ir.VectorType(_I32, width),
                        [half * width // 2 + k // 2 + width * (k % 2) for k in range(width)])
@@ -1290,13 +1289,14 @@ def interleaved_sums(typingctx, dst, d0, src, s0, offs, wv, t0, n0, n1, width, s
     further one fused (:func:`fma`), as :func:`tap_sums` adds; +0 with no taps.
 
     One row of the input gradient at a column stride of 2, in place of two
-    phase planes' tap sums and their interleaving afterwards: the
-    even and the odd columns' sums, a vector of each, interleaved in registers
-    and stored as two vectors of consecutive columns, two at a time. ``src``
-    is float32 or float64 and must hold a vector past the last element read;
-    ``dst`` the same or (with float32) 16-bit bit patterns, rounded as stored.
-    ``stream``: whole vectors stored non-temporally (``dst[d0]`` on a 64-byte
-    boundary); a last part shorter than two vectors under a mask."""
+    phase planes' tap sums and their interleaving afterwards: the even and the
+    odd columns' sums, a vector of each, interleaved in registers and stored
+    as two vectors of consecutive columns, up to ``_PAIRED_BLOCK`` such pairs
+    at a time. ``src`` is float32 or float64 and must hold a vector past the
+    last element read; ``dst`` the same or (with float32) 16-bit bit
+    patterns, rounded as stored. ``stream`` (0 or 1): whole vectors stored
+    non-temporally (``dst[d0]`` on a 64-byte boundary); the row's last vectors
+    that it does not fill under a mask."""
     if not (isinstance(src, types.Array) and _with_bits(src.dtype, dst.dtype)
             and all(isinstance(a, types.Array) for a in (dst, offs, wv))
             and isinstance(offs.dtype, types.Integer)):
