@@ -1,5 +1,7 @@
 """The register intrinsics of numbasep/backends/cpu/simd.py, element by element."""
 
+import ctypes
+import mmap
 from fractions import Fraction
 
 import ml_dtypes
@@ -44,18 +46,56 @@ def test_transpose8_moves_every_element_and_nothing_else(dtype):
     np.testing.assert_array_equal(dst, want)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_deinterleave8_splits_even_and_odd(dtype):
-    @_once()
-    def run(src, s0, dst, d0, d1):
-        simd.deinterleave8(src, s0, dst, d0, d1)
+def _deinterleave_run(src, s0, n, dst, d0, d1):
+    simd.deinterleave(src, s0, n, dst, d0, d1)
 
-    src = np.arange(40, dtype=dtype) * 1.5
-    dst = np.full(60, -1, dtype)
-    run(src, 3, dst, 2, 31)
-    want = np.full(60, -1, dtype)
-    want[2:10] = src[3:19:2]
-    want[31:39] = src[4:19:2]
+
+def _before_guard_page(count, dtype):
+    """An array of ``count`` elements that ends where a page no access is allowed
+    to begins (a read past its end faults), or None where that cannot be set up."""
+    page = mmap.PAGESIZE
+    size = -(-count * np.dtype(dtype).itemsize // page) * page
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        buf = mmap.mmap(-1, size + page)
+        at = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+        if libc.mprotect(ctypes.c_void_p(at + size), ctypes.c_size_t(page), 0) != 0:
+            return None
+    except (AttributeError, OSError, TypeError):
+        return None
+    whole = np.frombuffer(buf, np.uint8, size)
+    return whole[size - count * np.dtype(dtype).itemsize:].view(dtype)
+
+
+# pair counts around one and two vectors of each width (8 float64 or 16 float32
+# lanes with AVX-512, 4 or 8 without), none, and a 56-column row's 28
+@pytest.mark.parametrize("n", [0, 1, 3, 4, 7, 8, 9, 15, 16, 17, 28, 40])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_deinterleave_splits_even_and_odd_and_touches_nothing_else(dtype, n):
+    run = _once()(_deinterleave_run)
+    src = _before_guard_page(2 * n + 3, dtype)
+    if src is None:
+        pytest.skip("no guard page here (mprotect)")
+    src[:] = np.arange(2 * n + 3) * 1.5 - 20
+    dst = np.full(2 * n + 50, -1, dtype)
+    # the last element read is the last before the guard page
+    run(src, 3, n, dst, 2, n + 30)
+    want = np.full_like(dst, -1)
+    want[2:2 + n] = src[3::2][:n]
+    want[n + 30:2 * n + 30] = src[4::2][:n]
+    np.testing.assert_array_equal(dst, want)
+
+
+@pytest.mark.parametrize("n", [5, 16, 21])
+@pytest.mark.parametrize("bits", [np.float16, ml_dtypes.bfloat16])
+def test_deinterleave_widens_16_bit_bit_patterns(bits, n):
+    run = _once()(_deinterleave_run)
+    src = (np.arange(2 * n + 3) * 1.25 - 7).astype(bits)
+    dst = np.full(2 * n + 10, -1, np.float32)
+    run(halves.bits(src), 3, n, dst, 1, n + 5)
+    want = np.full_like(dst, -1)
+    want[1:1 + n] = src[3::2][:n].astype(np.float32)
+    want[n + 5:2 * n + 5] = src[4::2][:n].astype(np.float32)
     np.testing.assert_array_equal(dst, want)
 
 
@@ -644,21 +684,6 @@ def test_copy_rows_widens_and_rounds_as_the_halves_do(kind):
             for r in range(rows):
                 want[2 + r * dstep:2 + r * dstep + cols] = src[r * sstep:r * sstep + cols]
         np.testing.assert_array_equal(np.asarray(dst, np.float64), np.asarray(want, np.float64))
-
-
-@pytest.mark.parametrize("bits", [np.float16, ml_dtypes.bfloat16])
-def test_deinterleave8_widens_16_bit_bit_patterns(bits):
-    @_once()
-    def run(src, s0, dst, d0, d1):
-        simd.deinterleave8(src, s0, dst, d0, d1)
-
-    src = (np.arange(40) * 1.25 - 7).astype(bits)
-    dst = np.full(40, -1, np.float32)
-    run(halves.bits(src), 3, dst, 1, 20)
-    want = np.full(40, -1, np.float32)
-    want[1:9] = src[3:19:2].astype(np.float32)
-    want[20:28] = src[4:19:2].astype(np.float32)
-    np.testing.assert_array_equal(dst, want)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.uint16])

@@ -64,7 +64,7 @@ from .halves import stored as _stored
 from .halves import value as _val
 from .kernels import _REDUCE_MATH, _u
 from .simd import copy_rows as _copy_rows
-from .simd import deinterleave8
+from .simd import deinterleave as _deinterleave
 from .simd import fma as _fma
 from .simd import interleaved_sums as _interleaved_sums
 from .simd import sfence as _sfence
@@ -169,14 +169,8 @@ def _scatter_plane(src, s0, H, W, xp, cols, sh, sw, ph, pw, RQ, WQ, S, ih0, ih1)
             lo0, hi0, lo1, hi1 = cols[0, 0], cols[0, 1], cols[1, 0], cols[1, 1]
             lo, hi = max(lo0, lo1), min(hi0, hi1)
             d1 = d + S
-            if lo < hi:
-                q = lo
-                while q + 8 <= hi:           # both phases at once, 16 inputs per step
-                    deinterleave8(src, r + 2 * q, xp, d + q, d1 + q)
-                    q += 8
-                for q in range(q, hi):
-                    xp[_u(d + q)] = _val(src[_u(r + 2 * q)])
-                    xp[_u(d1 + q)] = _val(src[_u(r + 2 * q + 1)])
+            if lo < hi:                      # both phases at once
+                _deinterleave(src, r + 2 * lo, hi - lo, xp, d + lo, d1 + lo)
             else:
                 lo, hi = hi0, hi0
             for q in range(lo0, min(lo, hi0)):
