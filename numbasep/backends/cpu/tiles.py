@@ -78,6 +78,7 @@ def _correlation_tasks(jobs):
         return jobs
     return min(jobs, GROUPS, _TASKS_PER_THREAD * numba.get_num_threads())
 
+
 # Channels per tile: on small maps eight 8-lane vectors per pixel (a 9 x 9 tile of
 # them is 20 KiB); on larger, strided maps two, so that the tile stays in L2.
 WIDE, NARROW = 64, 16
