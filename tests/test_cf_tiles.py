@@ -161,8 +161,8 @@ def test_filter_gradient_independent_of_thread_count():
 
 
 def test_forward_and_input_gradient_independent_of_thread_count():
-    """Their task count follows the thread count (tiles._correlation_tasks): 8
-    tasks of 6 jobs with 1 thread, 16 of 3 with 2 (16 images x 3 blocks)."""
+    """They run one task per thread (``per_thread`` launches): 1 task of 48 jobs
+    with 1 thread, 2 of 24 with 2 (16 images x 3 blocks)."""
     rng = np.random.default_rng(6)
     x = rng.standard_normal((16, 130, 7, 7)).astype(np.float32)
     w = rng.standard_normal((3, 3, 130, 1)).astype(np.float32)
@@ -171,18 +171,9 @@ def test_forward_and_input_gradient_independent_of_thread_count():
         assert len(support.bytes_per_thread_count(call)) == 1
 
 
-def test_correlation_tasks_per_thread(monkeypatch):
-    threads = [4]
-    monkeypatch.setattr(tiles.numba, "get_num_threads", lambda: threads[0])
-    two = 2 * tiles._TASKS_PER_THREAD
-    assert tiles._correlation_tasks(1) == 1
-    assert tiles._correlation_tasks(two) == two
-    assert tiles._correlation_tasks(100) == 4 * tiles._TASKS_PER_THREAD
-    threads[0] = 1
-    assert tiles._correlation_tasks(two) == two            # not asked
-    assert tiles._correlation_tasks(two + 1) == tiles._TASKS_PER_THREAD
-    threads[0] = 1000
-    assert tiles._correlation_tasks(10 ** 6) == tiles.GROUPS
+def test_correlations_launch_one_task_per_thread():
+    kern = tiles.kernels(3, 3, tiles.WIDE)
+    assert kern.correlate.per_thread and not kern.backprop_filter.per_thread
 
 
 def test_unrolled_5x5_window_on_a_7x7_map_matches_the_reference():

@@ -4,6 +4,7 @@ arrays' types select the compiled task, and a launch with argument types the
 task was not compiled for is a typing error, never a call with the wrong
 layout."""
 
+import numba
 import numpy as np
 import pytest
 from numba import njit
@@ -26,6 +27,11 @@ def _fill_row_twice(i, count, out, src, scale):
 
 def _rows(out, *_):
     return out.shape[0]
+
+
+@njit(nogil=True, cache=True)
+def _mark(i, count, out):
+    out[i] = count
 
 
 def test_each_task_runs_once_with_its_index_and_the_count():
@@ -92,3 +98,20 @@ def test_tasks_compile_with_numba_noalias_flag():
     src = np.ones((3, 4))
     fill(np.zeros_like(src), src, 2)
     assert all(c.fndesc.noalias for c in _fill_row.overloads.values())
+
+
+def test_per_thread_launches_run_at_most_one_task_per_thread():
+    """``count_of`` gives the most tasks; the launch runs min(that, threads),
+    with the thread count read when the launch runs (after set_num_threads)."""
+    spread = tasks.Parallel(_mark, _rows, 1, per_thread=True)
+    old = numba.get_num_threads()
+    try:
+        for threads in sorted({1, numba.config.NUMBA_NUM_THREADS}):
+            numba.set_num_threads(threads)
+            for most in (1, threads, threads + 3):
+                out = np.zeros(most, np.int64)
+                spread(out)
+                count = min(most, threads)
+                np.testing.assert_array_equal(out, [count] * count + [0] * (most - count))
+    finally:
+        numba.set_num_threads(old)

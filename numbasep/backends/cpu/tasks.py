@@ -26,7 +26,9 @@ Numba's ``noalias`` flag nor its numpy error model, the two flags its parallel
 bodies are compiled with, gave it back).
 """
 
+import numba
 import numpy as np
+from llvmlite import ir
 from numba import njit, prange, typeof, types
 from numba.core import cgutils
 from numba.core.errors import TypingError
@@ -102,21 +104,44 @@ def _call(typingctx, task, address, args):
     return types.none(task, address, args), codegen
 
 
+@intrinsic
+def _threads(typingctx):
+    """The number of threads Numba runs parallel code on, from the threading
+    layer's ``get_num_threads`` by name, as Numba's own parallel loops ask for it:
+    ``numba.get_num_threads`` in compiled code calls it by address, which keeps
+    a function from the cache."""
+    numba.get_num_threads()          # the threading layer is loaded, its symbols known
+
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+            context.get_value_type(types.intp), []), "get_num_threads")
+        return builder.call(fn, [])
+    return types.intp(), codegen
+
+
 _launchers = {}
 
 
-def _launcher(sig):
+def _launcher(sig, per_thread=False):
     """The parallel launcher of tasks of signature ``sig`` (the task's index and
-    the number of tasks first)."""
-    if sig not in _launchers:
+    the number of tasks first). ``per_thread``: its count is the most tasks,
+    and it runs at most one per thread of Numba's (asked for in compiled code,
+    where that costs nothing; from Python it costs about a microsecond)."""
+    if (sig, per_thread) not in _launchers:
         task = _Signature(sig)
-
-        @njit(parallel=True, nogil=True, cache=True)
-        def launch(address, count, *args):
-            for i in prange(count):
-                _call(task, address, (np.int64(i), count) + args)
-        _launchers[sig] = launch
-    return _launchers[sig]
+        if per_thread:
+            @njit(parallel=True, nogil=True, cache=True)
+            def launch(address, most, *args):
+                count = min(most, np.int64(_threads()))
+                for i in prange(count):
+                    _call(task, address, (np.int64(i), count) + args)
+        else:
+            @njit(parallel=True, nogil=True, cache=True)
+            def launch(address, count, *args):
+                for i in prange(count):
+                    _call(task, address, (np.int64(i), count) + args)
+        _launchers[sig, per_thread] = launch
+    return _launchers[sig, per_thread]
 
 
 # The ndarray flags Numba's type of an array depends on: C_CONTIGUOUS,
@@ -149,14 +174,21 @@ class Parallel:
     ``@njit`` function, compiled once per signature of ``args``, whose first
     ``arrays`` arguments are NumPy arrays and the others Python ints.
 
+    ``per_thread``: ``count`` is at most the number of threads Numba runs
+    parallel code on, ``count_of`` giving the most. Numba hands each thread one
+    equal, contiguous range of a parallel loop, so tasks beyond the thread count
+    balance nothing; they only repeat the set-up a task does once (its scratch,
+    and in :mod:`.tiles` the filter taps of its first block).
+
     A call looks its task up by what the arrays' Numba types depend on, so a
     launch costs a microsecond or so more than a parallel kernel's own (the
     ints' types are taken as they were at the first call; a launch with other
     types is a typing error when the launcher compiles for them, not a call
     with the wrong layout)."""
 
-    def __init__(self, task, count_of, arrays):
+    def __init__(self, task, count_of, arrays, per_thread=False):
         self.task, self.count_of, self.arrays = task, count_of, arrays
+        self.per_thread = per_thread
         self.py_func = task.py_func
         self.__doc__ = task.__doc__
         self._compiled = {}
@@ -175,5 +207,5 @@ class Parallel:
         self.task.compile(argtypes)
         cres = self.task.overloads[argtypes]
         address = cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
-        entry = self._compiled[key] = (_launcher(cres.signature), address)
+        entry = self._compiled[key] = (_launcher(cres.signature, self.per_thread), address)
         return entry

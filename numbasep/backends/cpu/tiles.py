@@ -34,7 +34,6 @@ which, from measurements); within a sum the taps come in (kh, kw) order, as in
 the other kernels.
 """
 
-import numba
 import numpy as np
 from numba import njit, types
 from numba.extending import overload
@@ -54,29 +53,18 @@ from .simd import taps_rows as _taps_rows
 from .simd import transpose8 as _t8
 from .tasks import Parallel
 
-# Most tasks a correlation is split into (each sets up its scratch once): enough
-# for the machines this runs on to balance, few enough to amortise the set-up.
+# Most tasks a filter gradient is split into (each sets up its scratch once).
+# The forward and input gradient take one task per thread (:class:`.tasks.Parallel`'s
+# ``per_thread``), no longer up to 8 (one per job up to 16 jobs): 2 threads,
+# NCHW, the public API, the two alternating in one process, medians of 7 rounds
+# (ms, forward and input gradient): N=1 7x7x960 0.0430 -> 0.0374, 0.0429 ->
+# 0.0396; 7x7x1152 5x5 0.0665 -> 0.0601, 0.0703 -> 0.0633; 14x14x672 5x5 0.115
+# -> 0.101, 0.124 -> 0.107; N=8 7x7x960 0.197 -> 0.186, 0.215 -> 0.200; 7x7x1152
+# 5x5 0.353 -> 0.336, 0.389 -> 0.372; the other tile rows within 3 %. The filter
+# gradient gained on 7x7 maps with one task per thread too (N=8 7x7x960 0.225
+# -> 0.198) and lost on 28x28x240 5x5 (N=8 1.23 -> 1.28, N=32 4.90 -> 5.12): it
+# keeps GROUPS.
 GROUPS = 64
-# The forward and input gradient take at most this many tasks per thread: a
-# task's set-up (its scratch, about ten allocations) costs about 0.65 us, a job
-# (one image's block of channels) on a 7x7 map a few. 2 threads, NCHW, N=8,
-# tasks 64 / 16 / 8, the public API alternating in one process (ms): 7x7x960
-# forward 0.195 / 0.170 / 0.168, input gradient 0.226 / 0.202 / 0.196; 7x7x1152
-# 5x5 forward 0.380 / 0.345 / 0.340; at N=32 and on 14x14 maps even. The
-# filter gradient, with fewer and larger jobs, keeps GROUPS (28x28x240 5x5 N=8:
-# 1.29 / 1.32 / 1.34).
-_TASKS_PER_THREAD = 8
-
-
-def _correlation_tasks(jobs):
-    """Tasks for a correlation of ``jobs`` jobs: at most ``GROUPS``, and from two
-    threads' worth on at most ``_TASKS_PER_THREAD`` per thread. The results do
-    not depend on it (each job writes its own block). Asking Numba for the
-    thread count costs about a microsecond of Python, which calls of fewer jobs
-    (one image of 7x7x960: 15) are spared."""
-    if jobs <= 2 * _TASKS_PER_THREAD:
-        return jobs
-    return min(jobs, GROUPS, _TASKS_PER_THREAD * numba.get_num_threads())
 
 
 # Channels per tile: on small maps eight 8-lane vectors per pixel (a 9 x 9 tile of
@@ -350,7 +338,7 @@ def _build(KH, KW, CB, CL):
         lead = LA if adjoint else 0        # band rows read above the first output row
         BR = min(DH, _band_rows(band, WP, LA, sh, CB))
         nblk = (C + CB - 1) // CB
-        # jobs (block, image) in at most GROUPS groups, block-major: a group's scratch
+        # jobs (block, image) in one group per thread, block-major: a group's scratch
         # and a block's taps are set up once, not per job (on 7x7 maps a job is a few
         # microseconds)
         jobs = N * nblk
@@ -515,8 +503,8 @@ def _build(KH, KW, CB, CL):
         return -(-c // CB)
 
     return (None if CL else Parallel(
-                correlate, lambda src, w, dst, *_: _correlation_tasks(
-                    src.shape[0] * blocks(src.shape[1])), 3),
+                correlate, lambda src, w, dst, *_: src.shape[0] * blocks(src.shape[1]), 3,
+                per_thread=True),
             Parallel(backprop_filter, lambda x, dy, parts, *_: min(
                 parts.shape[0] * blocks(x.shape[3] if CL else x.shape[1]), GROUPS), 3))
 
