@@ -268,11 +268,14 @@ def _shifted(edges, k):
     return (edges[0] + k * edges[1], edges[1], edges[2], edges[3], edges[4])
 
 
-# The jobs of the forward and input-gradient kernels run in this many parts of
-# consecutive jobs (split among the threads as prange splits them), each ending
-# with one fence for its non-temporal stores (:func:`.simd.sfence`): a fence per
-# job (row) cost 32x112x112x32 most of what the streaming saved.
-_PARTS = 64
+# The jobs of the forward and input-gradient kernels run in one part of
+# consecutive jobs per thread (:class:`.tasks.Parallel`'s ``per_thread``), each
+# ending with one fence for its non-temporal stores (:func:`.simd.sfence`): a
+# fence per job (row) cost 32x112x112x32 most of what the streaming saved. Up to
+# 64 parts before: 2 threads, the public API, the two alternating in one
+# process, medians of 11 rounds (ms, forward and input gradient): N=1
+# 112x112x32 0.082 -> 0.075, 0.087 -> 0.082; 7x7x960 0.0244 -> 0.0232, 0.0256 ->
+# 0.0243; 7x7x1152 5x5 0.0345 -> 0.0334; N=32 within this machine's noise.
 
 
 @njit(inline="always")
@@ -887,12 +890,12 @@ def _build(KH, KW, NT, M):
                             ((n * H + ih0 + k0 * rh) * W + iw0 + j0 * rw) * CI, W * rh * CI,
                             rw * CI, dyf, (job * OW + ow) * C, C, k1 - k0, j1 - j0, M)
 
-    return (Parallel(forward, lambda x, w, y, *_: min(y.shape[0] * y.shape[2], _PARTS), 3),
-            Parallel(backprop_input, lambda dy, w, dx, *_: min(dx.shape[0] * dx.shape[2], _PARTS),
-                     3),
+    return (Parallel(forward, lambda x, w, y, *_: y.shape[0] * y.shape[2], 3, per_thread=True),
+            Parallel(backprop_input, lambda dy, w, dx, *_: dx.shape[0] * dx.shape[2], 3,
+                     per_thread=True),
             Parallel(backprop_input_strided,
-                     lambda dy, w, dx, *_: min(dx.shape[0] * dx.shape[1] * dx.shape[2], _PARTS),
-                     3),
+                     lambda dy, w, dx, *_: dx.shape[0] * dx.shape[1] * dx.shape[2], 3,
+                     per_thread=True),
             Parallel(backprop_filter, lambda x, dy, parts, *_: parts.shape[0], 3),
             Parallel(separable_forward, lambda x, w, pk, y, z, *_: z.shape[0], 5))
 
