@@ -507,7 +507,7 @@ def backprop_input(dy, w, dx, sh, sw, rh, rw, ph, pw, stream):
         total = np.empty(H * W if M > 1 else 0, w.dtype)
         more = np.empty(H * W if M > 1 else 0, w.dtype)
         # stream: each strided plane assembled here, then sent to dx (_bin_plane)
-        stage = np.empty(H * W if stream and M == 1 and sh * sw > 1 and rows[4] == 0 else 0,
+        stage = np.empty(H * W if stream and M == 1 and sh * sw > 1 and not direct else 0,
                          dx.dtype)
         p0, p1 = job * NP // T, (job + 1) * NP // T
         if M > 1:
