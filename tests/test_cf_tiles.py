@@ -171,9 +171,10 @@ def test_forward_and_input_gradient_independent_of_thread_count():
         assert len(support.bytes_per_thread_count(call)) == 1
 
 
-def test_correlations_launch_one_task_per_thread():
-    kern = tiles.kernels(3, 3, tiles.WIDE)
-    assert kern.correlate.per_thread and not kern.backprop_filter.per_thread
+def test_tile_kernels_launch_one_task_per_thread():
+    first, last = tiles.kernels(3, 3, tiles.WIDE), tiles.kernels(3, 3, tiles.WIDE, CL=True)
+    assert first.correlate.per_thread and first.backprop_filter.per_thread
+    assert last.correlate is None and last.backprop_filter.per_thread
 
 
 def test_unrolled_5x5_window_on_a_7x7_map_matches_the_reference():

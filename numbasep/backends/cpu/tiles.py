@@ -53,18 +53,19 @@ from .simd import taps_rows as _taps_rows
 from .simd import transpose8 as _t8
 from .tasks import Parallel
 
-# Most tasks a filter gradient is split into (each sets up its scratch once).
-# The forward and input gradient take one task per thread (:class:`.tasks.Parallel`'s
-# ``per_thread``), no longer up to 8 (one per job up to 16 jobs): 2 threads,
-# NCHW, the public API, the two alternating in one process, medians of 7 rounds
-# (ms, forward and input gradient): N=1 7x7x960 0.0430 -> 0.0374, 0.0429 ->
-# 0.0396; 7x7x1152 5x5 0.0665 -> 0.0601, 0.0703 -> 0.0633; 14x14x672 5x5 0.115
-# -> 0.101, 0.124 -> 0.107; N=8 7x7x960 0.197 -> 0.186, 0.215 -> 0.200; 7x7x1152
-# 5x5 0.353 -> 0.336, 0.389 -> 0.372; the other tile rows within 3 %. The filter
-# gradient gained on 7x7 maps with one task per thread too (N=8 7x7x960 0.225
-# -> 0.198) and lost on 28x28x240 5x5 (N=8 1.23 -> 1.28, N=32 4.90 -> 5.12): it
-# keeps GROUPS.
-GROUPS = 64
+# The tile kernels run one task per thread (:class:`.tasks.Parallel`'s
+# ``per_thread``), each a run of jobs that sets up its scratch once. The
+# correlations took up to 8 per thread before (one per job up to 16 jobs): 2
+# threads, NCHW, the public API, the two alternating in one process, medians
+# of 7 rounds (ms, forward and input gradient): N=1 7x7x960 0.0430 -> 0.0374,
+# 0.0429 -> 0.0396; 7x7x1152 5x5 0.0665 -> 0.0601, 0.0703 -> 0.0633; 14x14x672
+# 5x5 0.115 -> 0.101, 0.124 -> 0.107; N=8 7x7x960 0.197 -> 0.186, 0.215 ->
+# 0.200; 7x7x1152 5x5 0.353 -> 0.336, 0.389 -> 0.372; the other tile rows
+# within 3 %. The filter gradient took up to 64 (11 rounds): N=1 7x7x960 0.0379
+# -> 0.0343, 7x7x1152 5x5 0.0618 -> 0.0569, 14x14x672 5x5 0.122 -> 0.111; N=8
+# 7x7x960 0.260 -> 0.234; 28x28x240 5x5 N=8 1.19 -> 1.24 (slower in three runs:
+# each job then asks for the next one's 400 KB, :func:`_ask_for`), N=32 5.05 ->
+# 4.92.
 
 
 # Channels per tile: on small maps eight 8-lane vectors per pixel (a 9 x 9 tile of
@@ -411,7 +412,7 @@ def _build(KH, KW, CB, CL):
         dyf = dy.reshape(N * C * OH * OW)
         pf = parts.reshape(P * KT * C)
         nblk = (C + CB - 1) // CB
-        # jobs (chunk, block) in at most GROUPS groups that set up their scratch once,
+        # jobs (chunk, block) in one group per thread that sets up its scratch once,
         # as in the correlation
         jobs = P * nblk
         pos = _positions(H, W, WP, ph, pw, CB)
@@ -505,8 +506,8 @@ def _build(KH, KW, CB, CL):
     return (None if CL else Parallel(
                 correlate, lambda src, w, dst, *_: src.shape[0] * blocks(src.shape[1]), 3,
                 per_thread=True),
-            Parallel(backprop_filter, lambda x, dy, parts, *_: min(
-                parts.shape[0] * blocks(x.shape[3] if CL else x.shape[1]), GROUPS), 3))
+            Parallel(backprop_filter, lambda x, dy, parts, *_: parts.shape[0] * blocks(
+                x.shape[3] if CL else x.shape[1]), 3, per_thread=True))
 
 
 class TileKernels:
