@@ -11,6 +11,7 @@ input's read their planes in place instead (test_cf_inplace.py); here they stay
 on the plane kernels, which serve them where the in-place kernels do not.
 """
 
+import numba
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -189,6 +190,33 @@ def test_filter_gradient_independent_of_thread_count():
     got = support.bytes_per_thread_count(
         lambda: BF(x, [3, 3, 5, 1], dy, [1, 1, 2, 1], "SAME", data_format="NCHW"))
     assert len(got) == 1
+
+
+def test_one_task_per_thread_at_most_one_per_plane():
+    old = numba.get_num_threads()
+    try:
+        for threads in sorted({1, numba.config.NUMBA_NUM_THREADS}):
+            numba.set_num_threads(threads)
+            assert planes._task_count(1000) == threads
+            assert planes._task_count(1) == 1
+            assert planes._task_count(0) == 1
+    finally:
+        numba.set_num_threads(old)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_forward_and_input_gradient_independent_of_thread_count(stride):
+    """Their task count is the thread count; each plane is computed on its own.
+    (A 2x3 window: no tile kernels, so the planes take even small maps.)"""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((9, 7, 12, 10)).astype(np.float32)
+    w = rng.standard_normal((2, 3, 7, 1)).astype(np.float32)
+    strides = [1, 1, stride, stride]
+    dy = rng.standard_normal(F(x, w, strides, "SAME", data_format="NCHW").shape)
+    dy = dy.astype(np.float32)
+    for call in (lambda: F(x, w, strides, "SAME", data_format="NCHW"),
+                 lambda: BI(list(x.shape), w, dy, strides, "SAME", data_format="NCHW")):
+        assert len(support.bytes_per_thread_count(call)) == 1
 
 
 # Rows of an input gradient at column stride 2: the even and the odd columns'

@@ -72,6 +72,7 @@ from .simd import stream_copy as _stream_copy
 from .simd import DOT_SLOTS as _SLOTS
 from .simd import tap_dots as _tap_dots
 from .simd import tap_sums as _tap_sums
+from .tasks import threads
 
 # Runs are padded to a multiple of this (two 16-lane vectors): the tap sums
 # (:func:`.simd.tap_sums`) and the vectorised loops then never end in a partial
@@ -81,24 +82,25 @@ _VEC = 32
 _CHUNK = 1024
 # Elements of a plane's tap sums between its copies in and out (see _fwd_plane).
 _PIECE = 256
-# A task sets up its scratch once for a run of consecutive planes of about this
-# many elements in all (one task per plane, the setup had cost about a fifth of
-# a 56x56 plane's forward), and there are at least _TASKS tasks (or one per
-# plane) to keep the threads' loads even.
-_TASK_ELEMS = 1 << 15
-_TASKS = 32
-# The same for the input gradient at column stride 2, whose planes go faster,
-# so that a task's setup weighs as little: 2 threads, N=32 112x112x96, 3x3,
-# streaming, elements per task 32K / 128K: 7.8 / 6.3 ms (in one process).
-_ROW_TASK_ELEMS = 1 << 17
+# A task sets up its scratch once for a run of consecutive planes: one task per
+# thread (Numba gives each thread one contiguous range of a parallel loop, so
+# more tasks balance nothing). Before, tasks of about 32K elements (128K for the
+# input gradient at column stride 2), at least 32: 2 threads, NCHW, each kernel
+# alone on the same arguments, both alternating in one process, medians of 7
+# rounds (ms; forward and filter gradient routed here for the measurement):
+# stride 2, input gradient: N=1 112x112x96 0.268 -> 0.231, 56x56x144 0.160 ->
+# 0.134, 56x56x72 5x5 0.126 -> 0.099; N=8 1.81 -> 1.75, 0.698 -> 0.681, 0.547 ->
+# 0.532; N=32 8.02 -> 7.69, 5.49 -> 5.36, 2.86 -> 2.91. Forward: N=1 112x112x96
+# 0.393 -> 0.370, 56x56x72 5x5 0.113 -> 0.096; N=32 112x112x96 17.1 -> 12.6,
+# 56x56x144 4.91 -> 5.04. Filter gradient: N=1 56x56x72 5x5 0.106 -> 0.093; N=32
+# 112x112x96 12.7 -> 11.8, 56x56x72 2.01 -> 1.79.
 
 
 @njit(inline="always")
-def _task_count(planes, plane_elems, task_elems=_TASK_ELEMS):
-    """Tasks for ``planes`` planes of ``plane_elems`` elements, about ``task_elems``
-    elements each; independent of the number of threads
-    (:func:`numba.get_num_threads` in a kernel would keep it from the cache)."""
-    return max(1, min(planes, max(_TASKS, planes * plane_elems // task_elems)))
+def _task_count(planes):
+    """Tasks for ``planes`` planes: one per thread, at most one per plane. The
+    results do not depend on it (each plane is computed on its own)."""
+    return max(1, min(planes, threads()))
 
 
 @njit(inline="always")
@@ -307,7 +309,7 @@ def forward(x, w, y, sh, sw, rh, rw, ph, pw, stream):
     xf = x.reshape(N * C * H * W)
     yf = y.reshape(N * CM * OH * OW)
     NP = N * C
-    T = _task_count(NP, H * W)
+    T = _task_count(NP)
     for job in prange(T):
         xp, cols, offs = _task_scratch(w.dtype, KH, KW, W, sh, sw, rh, rw, pw, WQ, S)
         acc = np.empty(L, w.dtype)
@@ -454,7 +456,7 @@ def backprop_input(dy, w, dx, sh, sw, rh, rw, ph, pw, stream):
     LR = min(RQ * WQ, ((ph + H - 1) // sh + 1) * WQ) - j0
     LR = (max(LR, 0) + _VEC - 1) // _VEC * _VEC
     NP = N * C
-    T = _task_count(NP, H * W, _ROW_TASK_ELEMS if sw == 2 else _TASK_ELEMS)
+    T = _task_count(NP)
     for job in prange(T):
         xp = np.empty(0 if sw == 2 else sh * sw * S, w.dtype)    # the phase planes
         # columns past OW stay 0; interleaved_sums reads up to a vector past a row
@@ -666,7 +668,7 @@ def backprop_filter(x, dy, parts, sh, sw, rh, rw, ph, pw):
     xf = x.reshape(N * C * H * W)
     dyf = dy.reshape(N * CM * OH * OW)
     NP = P * C
-    T = _task_count(NP, H * W)
+    T = _task_count(NP)
     for job in prange(T):
         xp, cols, offs = _task_scratch(parts.dtype, KH, KW, W, sh, sw, rh, rw, pw, WQ, S)
         gp = np.zeros(L, parts.dtype)

@@ -105,11 +105,11 @@ def _call(typingctx, task, address, args):
 
 
 @intrinsic
-def _threads(typingctx):
-    """The number of threads Numba runs parallel code on, from the threading
-    layer's ``get_num_threads`` by name, as Numba's own parallel loops ask for it:
-    ``numba.get_num_threads`` in compiled code calls it by address, which keeps
-    a function from the cache."""
+def threads(typingctx):
+    """The number of threads Numba runs parallel code on (in compiled code), from
+    the threading layer's ``get_num_threads`` by name, as Numba's own parallel
+    loops ask for it: ``numba.get_num_threads`` in compiled code calls it by
+    address, which keeps a function from the cache."""
     numba.get_num_threads()          # the threading layer is loaded, its symbols known
 
     def codegen(context, builder, signature, args):
@@ -132,7 +132,7 @@ def _launcher(sig, per_thread=False):
         if per_thread:
             @njit(parallel=True, nogil=True, cache=True)
             def launch(address, most, *args):
-                count = min(most, np.int64(_threads()))
+                count = min(most, np.int64(threads()))
                 for i in prange(count):
                     _call(task, address, (np.int64(i), count) + args)
         else:
