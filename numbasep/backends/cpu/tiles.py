@@ -64,8 +64,8 @@ from .tasks import Parallel
 # within 3 %. The filter gradient took up to 64 (11 rounds): N=1 7x7x960 0.0379
 # -> 0.0343, 7x7x1152 5x5 0.0618 -> 0.0569, 14x14x672 5x5 0.122 -> 0.111; N=8
 # 7x7x960 0.260 -> 0.234; 28x28x240 5x5 N=8 1.19 -> 1.24 (slower in three runs:
-# each job then asks for the next one's 400 KB, :func:`_ask_for`), N=32 5.05 ->
-# 4.92.
+# each job then asked for the next one's 400 KB, which ``_ASK_ELEMS`` now
+# leaves out), N=32 5.05 -> 4.92.
 
 
 # Channels per tile: on small maps eight 8-lane vectors per pixel (a 9 x 9 tile of
@@ -203,8 +203,15 @@ def _fill_band(sf, s0, SH, SW, lo, hi, r0, q0, cb, tile, WP, CB, pos, C, cl):
                  a0 * SW)
 
 
-# Largest block (elements) that :func:`_ask_for` asks for ahead.
-_ASK_ELEMS = 1 << 16
+# Largest block (elements) that :func:`_ask_for` asks for ahead: a 7x7 or 14x14
+# map's 64 channels (3K, 12K elements), a 19x19 map's (23K, even either way),
+# not a 28x28 map's or 16 channels of a 56x56 map (50K each). 2 threads, one
+# task per thread, NCHW, the kernel alone alternating in one process, medians
+# of 9 rounds, 64K / 32K (ms): 56x56x144 3x3 stride 2 forward N=8 0.908 / 0.744,
+# N=32 3.81 / 3.08, filter gradient N=8 0.861 / 0.690; 28x28x240 5x5 filter
+# gradient N=8 1.086 / 0.909, N=32 5.30 / 4.74, forward N=8 1.090 / 1.049, N=32
+# 6.09 / 6.13, input gradient N=8 1.132 / 1.071; 7x7x960 and 14x14x672 even.
+_ASK_ELEMS = 1 << 15
 
 
 @njit(inline="always")
@@ -216,8 +223,8 @@ def _ask_for(a, a0, n):
     tasks without / with, medians of 8 alternating rounds (ms): filter gradient
     1.97 / 1.48, 1.45 / 1.23; input gradient 1.26 / 1.11, 1.55 / 1.36; forward
     1.00 / 0.97, 1.24 / 1.29. At N=8 (3 MB) even. Not for blocks of more
-    than ``_ASK_ELEMS`` elements (large strided maps' narrow tiles), which would
-    push the current block's bands out of L2."""
+    than ``_ASK_ELEMS`` elements, which pushed the current block's bands and
+    tiles out of L2."""
     if n > _ASK_ELEMS:
         return
     for i in range(a0, a0 + n, 64 // a.itemsize):
