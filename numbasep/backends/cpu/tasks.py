@@ -129,17 +129,13 @@ def _launcher(sig, per_thread=False):
     where that costs nothing; from Python it costs about a microsecond)."""
     if (sig, per_thread) not in _launchers:
         task = _Signature(sig)
-        if per_thread:
-            @njit(parallel=True, nogil=True, cache=True)
-            def launch(address, most, *args):
-                count = min(most, np.int64(threads()))
-                for i in prange(count):
-                    _call(task, address, (np.int64(i), count) + args)
-        else:
-            @njit(parallel=True, nogil=True, cache=True)
-            def launch(address, count, *args):
-                for i in prange(count):
-                    _call(task, address, (np.int64(i), count) + args)
+
+        # per_thread: a compile-time constant, as task is (both part of the cache key)
+        @njit(parallel=True, nogil=True, cache=True)
+        def launch(address, most, *args):
+            count = min(most, np.int64(threads())) if per_thread else most
+            for i in prange(count):
+                _call(task, address, (np.int64(i), count) + args)
         _launchers[sig, per_thread] = launch
     return _launchers[sig, per_thread]
 
