@@ -115,3 +115,28 @@ def test_per_thread_launches_run_at_most_one_task_per_thread():
                 np.testing.assert_array_equal(out, [count] * count + [0] * (most - count))
     finally:
         numba.set_num_threads(old)
+
+
+@pytest.mark.parametrize("P, C", [(1, 5), (2, 3), (5, 960), (7, 1000), (3, 2300)])
+def test_partial_filters_are_summed_in_order_whatever_the_thread_count(P, C):
+    """``kernels.sum_partials`` splits the filter's elements among one task per
+    thread, in blocks; each element is still parts[0] + parts[1] + ... in that
+    order, in float32: bit for bit the sum numpy forms one partial at a time.
+    (3x3 taps x C channels: 9*2300 elements span several blocks per task.)"""
+    from numbasep.backends.cpu import kernels
+    rng = np.random.default_rng(P * C)
+    # magnitudes far apart, so that another order of the adds rounds differently
+    parts = (rng.standard_normal((P, 1, 3, 3, C, 1))
+             * 10.0 ** rng.integers(-6, 6, (P, 1, 3, 3, C, 1))).astype(np.float32)
+    want = parts[0].copy()
+    for p in range(1, P):
+        want += parts[p]
+    old = numba.get_num_threads()
+    try:
+        for threads in sorted({1, numba.config.NUMBA_NUM_THREADS}):
+            numba.set_num_threads(threads)
+            dw = np.full((1, 3, 3, C, 1), np.nan, np.float32)
+            kernels.sum_partials(parts, dw)
+            assert dw.tobytes() == want.tobytes(), threads
+    finally:
+        numba.set_num_threads(old)

@@ -425,23 +425,36 @@ def _bin_cf_flat(dyp, w, dxp, c, m, r0, r1, rh, rw, ph, pw):
                     dxf[_u(i)] = _fma(dyf[_u(i + off)], wv, dxf[_u(i)])
 
 
+# Filter elements per block of :func:`_sum_partials`: a block's sums stay in L1
+# while each partial's run is added.
+_SUM_BLOCK = 2048
+
+
 @njit(nogil=True, cache=True)
 def _sum_partials(t, count, parts, dw):
-    """dw = parts[0] + parts[1] + ... in that order, for every filter element."""
+    """dw = parts[0] + parts[1] + ... in that order, for every filter element
+    (``dw`` and ``parts`` C-contiguous): task t of ``count`` takes a contiguous run
+    of the elements, in blocks, each partial's run added as a vector loop. One
+    task per filter tap, each element summed over the partials one by one (a
+    scalar loop), took 30-55 us for 5-21 partials of a 3x3x960 filter: public
+    API, 2 threads, NHWC, alternating in one process, medians of 9 rounds (ms):
+    7x7x960 N=8 0.153 -> 0.131, N=32 0.444 -> 0.425; 14x14x576 N=1 0.059 ->
+    0.050, N=32 0.883 -> 0.830; 14x14x384 N=1 0.041 -> 0.035."""
     P = parts.shape[0]
-    KD, KH, KW, C, M = dw.shape
-    td, tw = _split(t, KH * KW)
-    th, tw = _split(tw, KW)
-    for c in range(C):
-        for m in range(M):
-            s = parts[0, td, th, tw, c, m]
-            for p in range(1, P):
-                s += parts[p, td, th, tw, c, m]
-            dw[td, th, tw, c, m] = s
+    n = dw.size
+    pf = parts.reshape(P * n)
+    out = dw.reshape(n)
+    for b0 in range(t * n // count, (t + 1) * n // count, _SUM_BLOCK):
+        b1 = min(b0 + _SUM_BLOCK, (t + 1) * n // count)
+        for i in range(b0, b1):
+            out[_u(i)] = pf[_u(i)]
+        for p in range(1, P):
+            for i in range(b0, b1):
+                out[_u(i)] += pf[_u(p * n + i)]
 
 
-sum_partials = Parallel(_sum_partials,
-                        lambda parts, dw: dw.shape[0] * dw.shape[1] * dw.shape[2], 2)
+sum_partials = Parallel(_sum_partials, lambda parts, dw: -(-dw.size // _SUM_BLOCK), 2,
+                        per_thread=True)
 
 
 # ------------------------------------------------------------------ kernel factory
