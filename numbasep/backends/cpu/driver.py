@@ -1175,7 +1175,8 @@ def _run_filter_gradient(launch, plan, x, dy, buf, operand=_compute):
         # one chunk: its partial sums are the gradient (summing them, a copy)
         _launch(launch.kern, x, dy, buf.reshape(ps), *launch.params)
     else:
-        parts = aligned.empty(ps, buf.dtype)
+        # this thread's buffer, not fresh pages each call (they die before we return)
+        parts = scratch.empty(scratch.PARTIALS, ps, buf.dtype)
         _launch(launch.kern, x, dy, parts, *launch.params)
         _launch(kernels.sum_partials, parts.reshape(sums), buf.reshape(plan.filter_shape5))
 

@@ -30,7 +30,8 @@ OPERAND_0, OPERAND_1, RESULT = 0, 1, 2
 # A composition's intermediates (the separable ops' depthwise output and its
 # gradient): live across several primitives, so never a primitive's own slot.
 INTERMEDIATE_0, INTERMEDIATE_1 = 3, 4
-# The pointwise kernel gradient's per-part sums (:mod:`.pointwise`).
+# Per-part sums that die within one primitive: the pointwise kernel gradient's
+# (:mod:`.pointwise`) and the depthwise filter gradient's partial filters.
 PARTIALS = 5
 _SLOTS = 6
 
