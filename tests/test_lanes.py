@@ -539,6 +539,35 @@ def test_filter_gradient_independent_of_thread_count():
     assert any(seen) and len(got) == 1
 
 
+
+def test_filter_gradient_partials_split_evenly_over_threads(monkeypatch):
+    """The lane filter gradient runs one task per partial filter, and Numba gives
+    each thread one contiguous run of tasks: the count is 1, 2 or a multiple of 4,
+    so that 2 and 4 threads get equal runs (7x7x16 at N=8 would take 5: one
+    thread 3, the other 2)."""
+    counts = {}
+    real = driver._launch
+    lane = lanes.kernels(3, 3).backprop_filter
+
+    def spy(kern, *a):
+        if kern is lane:
+            counts[a[0].shape[0]] = a[2].shape[0]
+        return real(kern, *a)
+    monkeypatch.setattr(driver, "_launch", spy)
+    support.route_afresh(monkeypatch)
+    rng = np.random.default_rng(7)
+    for n in (1, 5, 8, 31, 64):
+        x = rng.standard_normal((n, 7, 7, 16)).astype(np.float32)
+        dy = rng.standard_normal((n, 7, 7, 16)).astype(np.float32)
+        got = numbasep.depthwise_conv2d_native_backprop_filter(x, [3, 3, 16, 1], dy,
+                                                               [1, 1, 1, 1], "SAME")
+        want = R.raw_backprop_filter(x.astype(np.float64), [3, 3, 16, 1],
+                                     dy.astype(np.float64), [1, 1, 1, 1], "SAME")
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * n)
+    assert set(counts) == {1, 5, 8, 31, 64}, counts
+    assert all(c in (1, 2) or c % 4 == 0 for c in counts.values()), counts
+    assert counts[8] == 4 and max(counts.values()) > 4, counts
+
 def _images_past_prefetch(image_bytes):
     """Images enough that operands of ``image_bytes`` an image pass
     ``lanes._PREFETCH_BYTES`` (the host's), with parts that cross images."""

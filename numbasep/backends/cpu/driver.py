@@ -644,12 +644,25 @@ def _lane_partials(plan, channels):
     output channels: as :func:`kernels.partial_chunks` splits the output rows,
     but each partial sums at least ``_PARTIAL_WORK`` times its own size of
     products per tap: zeroing and summing more partials than that cost more than
-    it spread (7x7x960 N=8: 64 partials 0.21 ms, 5 0.14 ms)."""
+    it spread (7x7x960 N=8: 64 partials 0.21 ms, 5 0.14 ms).
+
+    The count is then rounded down to a multiple of 4 (3 to 2): the kernel runs a
+    task per partial and Numba gives each thread one contiguous run of tasks, so
+    5 partials on 2 threads left one thread 3 to sum while the other did 2. Still
+    a function of the problem only, so that the sums do not depend on the thread
+    count. 2 threads, NHWC, the public API, alternating in one process, medians
+    of 11 rounds (ms): 7x7x960 N=8 (5 -> 4) 0.0985 -> 0.0802, N=32 (21 -> 20)
+    0.334 -> 0.319; 19x19x728 N=1 (5 -> 4) 0.0656 -> 0.0589; 14x14x672 5x5 N=8
+    (7 -> 4) 0.542 -> 0.471, N=32 (31 -> 28) 1.97 -> 1.88; 28x28x240 5x5 N=8 (31
+    -> 28) 0.535 -> 0.517; the eleven other suite rows whose count changed within
+    5 %, the two slower ones the 3 -> 2 of 28x28x120 and 28x28x240 5x5 at N=1
+    (0.058 -> 0.061, 0.079 -> 0.083)."""
     rows = plan.batch * plan.out_sizes[0] * plan.out_sizes[1]
     fsize = plan.kernel[0] * plan.kernel[1] * plan.kernel[2] * channels
     work = rows * plan.out_sizes[2] * channels
-    return max(1, min(kernels.partial_chunks(rows, fsize),
-                      work // (_PARTIAL_WORK * max(1, fsize))))
+    count = max(1, min(kernels.partial_chunks(rows, fsize),
+                       work // (_PARTIAL_WORK * max(1, fsize))))
+    return count - count % 4 if count >= 4 else min(count, 2)
 
 
 def _multiplier_forward_route(plan):
