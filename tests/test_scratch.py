@@ -109,3 +109,25 @@ def test_slots_are_per_thread_and_reused():
                                 scratch.empty(scratch.RESULT, (big,), np.float32))
     scratch.release()
     assert not np.shares_memory(a, scratch.empty(scratch.OPERAND_0, (4, 5), np.float32))
+
+
+def test_repeated_requests_follow_the_buffer_as_it_grows():
+    """A repeated request may get the view it got before, but never one of a buffer
+    the slot has replaced: after the slot grows, every shape is a view of the new
+    buffer (so the old one is not kept alive), and a view is only reused while it
+    is exactly the shape and dtype asked for."""
+    scratch.release()
+    small = scratch.empty(scratch.PARTIALS, (3, 4), np.float32)
+    assert scratch.empty(scratch.PARTIALS, (3, 4), np.float32) is small
+    other = scratch.empty(scratch.PARTIALS, (4, 3), np.float32)
+    assert other.shape == (4, 3) and np.shares_memory(small, other)
+    wide = scratch.empty(scratch.PARTIALS, (3, 4), np.float64)
+    assert wide.dtype == np.float64 and wide.shape == (3, 4)
+    grown = scratch.empty(scratch.PARTIALS, (1000, 100), np.float32)
+    again = scratch.empty(scratch.PARTIALS, (3, 4), np.float32)
+    assert again.shape == (3, 4) and again.dtype == np.float32
+    assert np.shares_memory(again, grown) and not np.shares_memory(again, small)
+    assert scratch.empty(scratch.PARTIALS, (3, 4), np.float64).base is not wide.base
+    for i in range(2 * scratch._VIEWS_MAX):          # many shapes: still the same buffer
+        assert np.shares_memory(scratch.empty(scratch.PARTIALS, (i + 1,), np.float32), grown)
+    scratch.release()

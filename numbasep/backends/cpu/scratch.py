@@ -34,27 +34,49 @@ INTERMEDIATE_0, INTERMEDIATE_1 = 3, 4
 # (:mod:`.pointwise`) and the depthwise filter gradient's partial filters.
 PARTIALS = 5
 _SLOTS = 6
+# Most views kept per thread (one per slot, shape and dtype asked for).
+_VIEWS_MAX = 64
 
 
 def empty(slot, shape, dtype):
-    """An uninitialised C-contiguous array of ``shape`` and ``dtype`` from this
-    thread's buffer for ``slot`` (grown when too small; 64-byte aligned)."""
-    dtype = np.dtype(dtype)
+    """An uninitialised C-contiguous array of ``shape`` (a tuple) and ``dtype`` from
+    this thread's buffer for ``slot`` (grown when too small; 64-byte aligned).
+
+    A repeated request gets the view it got before (the same object): slicing,
+    viewing and reshaping the buffer took 1.0-1.2 us of a small call's 8-12 us on
+    the Python side, the lookup 0.25 us (1 thread, NHWC 14x14 filter gradients
+    with partial filters, N=1, alternating, best of 41 rounds: 32 channels 21.5
+    -> 20.0 us a call, 384 channels 50.9 -> 49.1). Callers make their own views
+    to reshape or mark read-only, never changing this one's shape or flags."""
+    views = getattr(_local, "views", None)
+    if views is not None:
+        v = views.get((slot, shape, dtype))
+        if v is not None:
+            return v
+    dt = np.dtype(dtype)
     n = 1
     for s in shape:
         n *= s
-    nbytes = n * dtype.itemsize
+    nbytes = n * dt.itemsize
     if nbytes > KEEP_BYTES:
-        return aligned.empty(shape, dtype)
+        return aligned.empty(shape, dt)
     bufs = getattr(_local, "bufs", None)
     if bufs is None:
         bufs = _local.bufs = [None] * _SLOTS
+        views = _local.views = {}
     buf = bufs[slot]
     if buf is None or buf.nbytes < nbytes:
         buf = bufs[slot] = aligned.empty_aligned(max(nbytes, 64), np.uint8)
-    return buf[:nbytes].view(dtype).reshape(shape)
+        # views of the old buffer would keep it alive (and be valid no longer)
+        for k in [k for k in views if k[0] == slot]:
+            del views[k]
+    if len(views) >= _VIEWS_MAX:
+        views.clear()
+    v = views[slot, shape, dtype] = buf[:nbytes].view(dt).reshape(shape)
+    return v
 
 
 def release():
     """Drop this thread's buffers (they are kept until the thread ends otherwise)."""
     _local.bufs = None
+    _local.views = None
