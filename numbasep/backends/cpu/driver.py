@@ -461,8 +461,20 @@ class _Launch:
 # strided 8x56x56x144 input gradient (14 MB) 1.00 -> 0.66. Smaller results lose
 # (1 MB limit): 32x7x7x960 (6 MB) 0.28 -> 0.31 / 0.29 -> 0.32, 8x28x28x192 (5
 # MB) 0.23 -> 0.26, 4x112x112x32 (6 MB) forward 0.31 -> 0.32; 8x19x19x728 (8
-# MB) even.
-_STREAM_BYTES = (8 if simd.ZEN else 32) << 20
+# MB) even. On Intel's Emerald Rapids too (``simd.HOST``; a VM reporting a 300
+# MB L3), 32 MB -> 8 MB, public API, NHWC, alternating in one process, medians
+# of 9 rounds (ms): 8x112x112x32 (13 MB) forward 0.652 -> 0.494, input gradient
+# 0.645 -> 0.515; 8x56x56x144 0.718 -> 0.609, 0.710 -> 0.623; 32x28x28x192 (19
+# MB) 1.044 -> 0.888, 1.028 -> 0.912; 32x14x14x384 (10 MB) 0.554 -> 0.480,
+# 0.549 -> 0.490; 32x14x14x576 forward 0.848 -> 0.745; strided 8x56x56x144
+# input gradient 0.560 -> 0.439, 32x56x56x144 forward 1.498 -> 1.277;
+# 8x56x56x144 M=2 forward 1.194 -> 1.024. Slower: 8x56x56x96 7x7 forward and
+# input gradient 1.270 -> 1.320 and 1.359 -> 1.407 (4 % in each of three
+# runs), 8x19x19x728 M=2 forward 0.735 -> 0.798. A 4 MB or 2 MB limit gained
+# more on some smaller results (8x28x28x192, 5 MB: 0.281 -> 0.235; 8x14x14x576,
+# 4 MB, 2 MB limit: 0.201 -> 0.171) and lost on others (32x7x7x960, 6 MB: 0.327
+# -> 0.340).
+_STREAM_BYTES = (8 if simd.ZEN or simd.HOST == "emeraldrapids" else 32) << 20
 # The strided input gradient (lane kernels' phases) on Zen streams results from
 # twice that: below, plain stores into lines the L3 kept from the call before
 # were faster. 2 threads, medians of 8 alternating processes, plain /
