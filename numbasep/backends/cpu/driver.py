@@ -370,7 +370,7 @@ def _by_lanes(plan, adjoint):
     return row <= _LANE_STRIDED_ROW and row * plan.channels <= _LANE_ROW_ELEMS
 
 
-_PARTIAL_WORK = 8
+_PARTIAL_WORK, _MORE_PARTIAL_WORK = 8, 32
 
 # Stride-1 rows longer than _LANE_RUN_ELEMS elements run on the lane kernels (in
 # chunks of pixels, lanes._LONG_ROW) when the input and output together take at
@@ -654,9 +654,23 @@ def _repeats_in_registers(plan):
 def _lane_partials(plan, channels):
     """How many partial filters a lane filter gradient sums into, over ``channels``
     output channels: as :func:`kernels.partial_chunks` splits the output rows,
-    but each partial sums at least ``_PARTIAL_WORK`` times its own size of
-    products per tap: zeroing and summing more partials than that cost more than
-    it spread (7x7x960 N=8: 64 partials 0.21 ms, 5 0.14 ms).
+    but up to 4 partials only while each sums at least ``_PARTIAL_WORK`` times
+    its own size of products per tap, and more than 4 only while each sums
+    ``_MORE_PARTIAL_WORK`` times: zeroing and summing more partials than that
+    cost more than it spread (7x7x960 N=8: 64 partials 0.21 ms, 5 0.14 ms).
+
+    With one bound, 8 times, the small maps at N=8 and 32 still had 20 to 64
+    partials, and fewer were faster: 2 threads, NHWC, the public API, the two
+    rules alternating in one process, medians of 7 rounds, one bound / two (ms):
+    14x14x384 N=8 (20 -> 4 partials) 0.159 -> 0.144, N=32 (64 -> 20) 0.567 ->
+    0.531; 14x14x576 N=8 0.228 -> 0.205, N=32 0.831 -> 0.793; 28x28x192 N=1 (8
+    -> 4) 0.067 -> 0.061, N=8 (64 -> 20) 0.306 -> 0.285; 56x56x144 N=1 (40 ->
+    8) 0.097 -> 0.083; 19x19x728 N=8 (40 -> 8) 0.461 -> 0.430; 28x28x240 5x5 N=8
+    (28 -> 4) 0.625 -> 0.582, N=32 (64 -> 28) 2.34 -> 2.28; 7x7x960 N=32 (20 ->
+    4) 0.375 -> 0.368, float16 0.349 -> 0.325. A bound of 64 gained about as
+    much; it would leave fewer partials, the kernel's only parallelism, for
+    machines with more threads (which a split of each partial by channels
+    would give back: not done).
 
     The count is then rounded down to a multiple of 4 (3 to 2): the kernel runs a
     task per partial and Numba gives each thread one contiguous run of tasks, so
@@ -670,10 +684,11 @@ def _lane_partials(plan, channels):
     5 %, the two slower ones the 3 -> 2 of 28x28x120 and 28x28x240 5x5 at N=1
     (0.058 -> 0.061, 0.079 -> 0.083)."""
     rows = plan.batch * plan.out_sizes[0] * plan.out_sizes[1]
-    fsize = plan.kernel[0] * plan.kernel[1] * plan.kernel[2] * channels
+    fsize = max(1, plan.kernel[0] * plan.kernel[1] * plan.kernel[2] * channels)
     work = rows * plan.out_sizes[2] * channels
     count = max(1, min(kernels.partial_chunks(rows, fsize),
-                       work // (_PARTIAL_WORK * max(1, fsize))))
+                       max(min(4, work // (_PARTIAL_WORK * fsize)),
+                           work // (_MORE_PARTIAL_WORK * fsize))))
     return count - count % 4 if count >= 4 else min(count, 2)
 
 
