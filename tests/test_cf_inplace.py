@@ -198,8 +198,8 @@ def test_16_bit_operands_are_read_as_their_bits(monkeypatch, dtype):
 
 
 def test_filter_gradient_independent_of_thread_count(monkeypatch):
-    """Chunks of images depend on the problem only: 1 thread and all give the same
-    bits (70 images: several chunks; 1 image: jobs of one channel)."""
+    """Jobs depend on the problem only: 1 thread and all give the same bits (70
+    images: one partial filter, jobs of channels; 1 image: jobs of one channel)."""
     seen, _ = _spy(monkeypatch)
     rng = np.random.default_rng(5)
     for n, c in ((70, 13), (1, 40)):
@@ -208,6 +208,30 @@ def test_filter_gradient_independent_of_thread_count(monkeypatch):
             lambda: BF(x, [3, 3, c, 1], dy, [1, 1, 1, 1], "SAME", data_format="NCHW"))
         assert len(got) == 1
     assert seen and all(seen)
+
+
+def test_filter_gradient_sums_into_one_partial_filter(monkeypatch):
+    """The kernel sizes its blocks of channels to make its jobs, so it sums every
+    image into one partial filter, the result itself (no partials to add), and
+    still spreads over the threads: 70 images of 130 channels, 64 jobs."""
+    seen, _ = _spy(monkeypatch)
+    launched = []
+    real = driver._launch
+
+    def spy(kern, *args):
+        launched.append((kern, args))
+        return real(kern, *args)
+    monkeypatch.setattr(driver, "_launch", spy)
+    rng = np.random.default_rng(8)
+    x, dy = rng.standard_normal((2, 70, 130, 15, 12)).astype(np.float32)
+    got = BF(x, [3, 3, 130, 1], dy, [1, 1, 1, 1], "SAME", data_format="NCHW")
+    assert seen and all(seen)
+    assert [k for k, _ in launched] == [inplace.backprop_filter]
+    parts, block = launched[0][1][2], launched[0][1][-1]
+    assert parts.shape[0] == 1 and -(-130 // block) >= inplace.GROUPS // 2
+    want = R.raw_backprop_filter(x.astype(np.float64), [3, 3, 130, 1], dy.astype(np.float64),
+                                 [1, 1, 1, 1], "SAME", data_format="NCHW")
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
 
 
 def test_which_problems_they_take(monkeypatch):

@@ -211,3 +211,33 @@ def test_5x5_windows_on_28x28_maps_in_bands_match_the_reference(monkeypatch, att
     support.assert_three_ops_match_the_reference((2, 70, 28, 27), (5, 5, 70, 1), attrs,
                                                  np.float32)
     assert seen and set(seen) == ({tiles.NARROW, 0} if strided else {tiles.WIDE})
+
+
+def test_filter_gradient_takes_as_few_partials_as_leave_sixteen_jobs(route, monkeypatch):
+    """The 64-channel tiles' filter gradient runs (partial filter, block of channels)
+    jobs: as few partials as leave ``driver._TILE_FILTER_JOBS`` jobs, one from 16
+    blocks of channels on, never more than one per image; the narrow (strided)
+    tiles one per image. Each result against the float64 reference."""
+    import reference as R
+    route(True)
+    parts = []
+    real = driver._launch
+
+    def spy(kern, *args):
+        if getattr(kern, "py_func", None) is not None and \
+                kern.py_func.__name__ == "backprop_filter" and args[2].ndim == 4:
+            parts.append(args[2].shape[0])
+        return real(kern, *args)
+    monkeypatch.setattr(driver, "_launch", spy)
+    rng = np.random.default_rng(7)
+    for n, c, hw, s, want in ((70, 130, 7, 1, 5), (3, 16, 7, 1, 3), (9, 16, 7, 1, 9),
+                              (20, 1030, 7, 1, 1), (6, 144, 20, 2, 6)):
+        x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
+        oh = -(-hw // s)
+        dy = rng.standard_normal((n, c, oh, oh)).astype(np.float32)
+        parts.clear()
+        got = BF(x, [3, 3, c, 1], dy, [1, 1, s, s], "SAME", data_format="NCHW")
+        assert parts == [want], (n, c, hw, s, parts)
+        ref = R.raw_backprop_filter(x.astype(np.float64), [3, 3, c, 1], dy.astype(np.float64),
+                                    strides=[1, 1, s, s], padding="SAME", data_format="NCHW")
+        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-4 * np.abs(ref).max())
