@@ -1098,9 +1098,9 @@ def _blocked_partials(plan, blocks):
     14x14x672 5x5 N=8 0.808 -> 0.701, N=32 3.03 -> 2.69; 14x14x384 7x7 N=32
     3.42 -> 3.12; 28x28x240 5x5 (4 blocks) one partial 2-4 % slower, four
     even."""
-    chunks = kernels.partial_chunks(plan.batch, plan.kernel[1] * plan.kernel[2] * plan.channels)
     if blocks is None:
         return 1
+    chunks = kernels.partial_chunks(plan.batch, plan.kernel[1] * plan.kernel[2] * plan.channels)
     return max(1, min(chunks, _TILE_FILTER_JOBS // blocks))
 
 
