@@ -560,6 +560,16 @@ _PIECE_LINES = 32 if _ZEN else 1 << 30
 # 4.86. Strided rows, channel pieces: even (N=32 112x112x96 8.5 / 8.4,
 # 56x56x144 3.35 / 3.22).
 _CHANNEL_PIECES = 2
+# The same bound for rows of whole windows (3x3: all window rows in one pass)
+# whose pixels step further than their taps (strides above 1): their pieces of
+# 4 pixels loaded and stored the 81 sums of 144 channels every 4 pixels. Zen 4,
+# 2 threads, N=32, alternating processes each with its own cache, medians of 4
+# in three runs, the bound of 2 / 16 (ms): 56x56x144 stride 2 4.13 / 3.37, 4.27
+# / 3.65, 4.58 / 3.72; 112x112x96 stride 2 9.09 / 8.76, 9.72 / 9.37, 9.14 /
+# 8.82, N=8 1.66 / 1.67, 2.01 / 1.69, 2.05 / 1.92. The 5x5 stride-2 rows (a
+# window row a pass) keep the bound of 2: with 16, 56x56x72 N=32 lost 1.33 /
+# 1.72 in one run.
+_STRIDED_CHANNEL_PIECES = 16
 
 
 @njit(inline="always")
@@ -603,11 +613,12 @@ def _dots(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, 
     the elements ``src[a:b]`` and ``dy[c:d]`` to ask for, spread over the row's
     pieces: pieces of its channels (whole pairs of channel groups, ``2 *
     simd.WIDE`` channels; the last piece takes the rest) or of its pixels, as
-    ``_CHANNEL_PIECES`` says."""
+    ``_CHANNEL_PIECES`` (``_STRIDED_CHANNEL_PIECES``) says."""
     asked = max(ahead[1] - ahead[0], ahead[3] - ahead[2])
     wanted = _piece_count(asked, src.itemsize)
     units = _channel_units(C)
-    if asked > 0 and wanted <= _CHANNEL_PIECES * units:
+    bound = _STRIDED_CHANNEL_PIECES if sstep > colstep and rows > 1 else _CHANNEL_PIECES
+    if asked > 0 and wanted <= bound * units:
         across = min(units, wanted)             # pieces of the channels, whole rows
         n = run
     else:
