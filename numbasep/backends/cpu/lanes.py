@@ -566,9 +566,11 @@ _CHANNEL_PIECES = 2
 # 2 threads, N=32, alternating processes each with its own cache, medians of 4
 # in three runs, the bound of 2 / 16 (ms): 56x56x144 stride 2 4.13 / 3.37, 4.27
 # / 3.65, 4.58 / 3.72; 112x112x96 stride 2 9.09 / 8.76, 9.72 / 9.37, 9.14 /
-# 8.82, N=8 1.66 / 1.67, 2.01 / 1.69, 2.05 / 1.92. The 5x5 stride-2 rows (a
-# window row a pass) keep the bound of 2: with 16, 56x56x72 N=32 lost 1.33 /
-# 1.72 in one run.
+# 8.82, N=8 1.66 / 1.67, 2.01 / 1.69, 2.05 / 1.92 (the "even" above was an
+# earlier Zen 4). The 5x5 stride-2 rows (a window row a pass) keep the bound of
+# 2: with 16, 56x56x72 N=32 ran 1.33 / 1.72 in one run, but as slowly (1.33 /
+# 1.97) in a run where it kept 2 in both, and even with the processes' order
+# swapped, so the bound for them is not measured.
 _STRIDED_CHANNEL_PIECES = 16
 
 
