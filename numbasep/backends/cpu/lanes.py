@@ -572,6 +572,21 @@ _CHANNEL_PIECES = 2
 # 1.97) in a run where it kept 2 in both, and even with the processes' order
 # swapped, so the bound for them is not measured.
 _STRIDED_CHANNEL_PIECES = 16
+# The bound for stride-1 rows of whole windows whose operands (input and output
+# gradient) take at most _CACHED_FILTER_BYTES (the L3 of the Zen 4 measured):
+# their lines asked for come from the L3, where fewer and larger requests paid
+# (56x56x144: 4 pieces of its channels instead of 15 of 4 pixels; 112x112x32:
+# the whole row in one piece instead of 7). Zen 4, 6 December, N=8, 2 threads,
+# alternating processes each with its own cache, medians of 5 pairs, every pair
+# faster, the bound of 2 / 8 (ms): 56x56x144 (29 MB) 1.72 / 0.98, 112x112x32 (26
+# MB) 0.94 / 0.62; 1 thread, 3 pairs: 3.30 / 2.36, 1.90 / 1.52. From memory the
+# bound stays 2: 8 for every size lost at N=32 (56x56x144, 116 MB, 6.49-7.06 /
+# 6.56-8.47; 112x112x32 3.77-3.93 / 4.42-5.58) and at N=16 112x112x32 (51 MB,
+# 1.49-1.90 / 1.92-2.02; 56x56x144 N=12, 43 MB, gained: 2.02-2.55 / 1.72-1.80).
+# Rows of a window row a pass (5x5, 7x7) keep 2: 56x56x96 7x7 N=8 1.60-2.16 /
+# 1.69-2.22.
+_CACHED_FILTER_BYTES = 32 << 20
+_CACHED_CHANNEL_PIECES = 8
 
 
 @njit(inline="always")
@@ -604,7 +619,7 @@ def _side(i, a, b):
 
 @njit(inline="always")
 def _dots(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, M, edges,
-          ahead):
+          ahead, bound):
     """Add into ``part`` (flat ``[kh, kw, c]``, from ``a0``) the products of ``run``
     output-gradient pixels from ``dy[g0]`` (``C`` apart) with the ``rows`` x KW
     window taps they read from ``src``, pixel k's tap (r, j) at ``src[s0 +
@@ -615,11 +630,13 @@ def _dots(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, 
     the elements ``src[a:b]`` and ``dy[c:d]`` to ask for, spread over the row's
     pieces: pieces of its channels (whole pairs of channel groups, ``2 *
     simd.WIDE`` channels; the last piece takes the rest) or of its pixels, as
-    ``_CHANNEL_PIECES`` (``_STRIDED_CHANNEL_PIECES``) says."""
+    ``bound`` (``_CHANNEL_PIECES`` or ``_CACHED_CHANNEL_PIECES``; strided rows
+    of whole windows ``_STRIDED_CHANNEL_PIECES``) says."""
     asked = max(ahead[1] - ahead[0], ahead[3] - ahead[2])
     wanted = _piece_count(asked, src.itemsize)
     units = _channel_units(C)
-    bound = _STRIDED_CHANNEL_PIECES if sstep > colstep and rows > 1 else _CHANNEL_PIECES
+    if sstep > colstep and rows > 1:
+        bound = _STRIDED_CHANNEL_PIECES
     if asked > 0 and wanted <= bound * units:
         across = min(units, wanted)             # pieces of the channels, whole rows
         n = run
@@ -866,6 +883,9 @@ def _build(KH, KW, NT, M):
         ahead = (_FILTER_ASKS and x.size * x.itemsize + dy.size * dy.itemsize
                  > (_PREFETCH_BYTES if sh > 1 else _PREFETCH_FILTER_BYTES)
                  and OW * C <= _LONG_ROW)
+        bound = (_CACHED_CHANNEL_PIECES
+                 if x.size * x.itemsize + dy.size * dy.itemsize <= _CACHED_FILTER_BYTES
+                 else _CHANNEL_PIECES)
         part = parts[p]
         part[:] = 0
         pf = part.reshape(KH * KW * C)
@@ -884,17 +904,18 @@ def _build(KH, KW, NT, M):
                 _ask(dyf, span[2], span[3])
             elif ALL == KH and k0 == 0 and k1 == KH:
                 _dots(pf, 0, xf, s0, sw * CI, W * rh * CI, rw * CI, dyf, g0, C, hi - lo,
-                      ALL, KW, M, edges, span)
+                      ALL, KW, M, edges, span, bound)
             # (the lines asked for spread over the first window row's pixels)
             elif SIDES:
                 for r in range(k0, k1):
                     _dots(pf, r * KW * C, xf, s0 + r * W * rh * CI, sw * CI, 0, rw * CI,
-                          dyf, g0, C, hi - lo, 1, KW, M, None, span if r == k0 else (0, 0, 0, 0))
+                          dyf, g0, C, hi - lo, 1, KW, M, None, span if r == k0 else (0, 0, 0, 0),
+                          _CHANNEL_PIECES)
             else:
                 for r in range(k0, k1):
                     _dots(pf, r * KW * C, xf, s0 + r * W * rh * CI, sw * CI, 0, rw * CI,
                           dyf, g0, C, hi - lo, 1, KW, M, edges,
-                          span if r == k0 else (0, 0, 0, 0))
+                          span if r == k0 else (0, 0, 0, 0), _CHANNEL_PIECES)
             for i in range(a + OW - b if SIDES else 0):
                 ow = _side(i, a, b)
                 iw0 = ow * sw - pw
