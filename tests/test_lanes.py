@@ -610,36 +610,37 @@ def test_forward_of_operands_from_memory(monkeypatch, k, stride):
 
 
 @pytest.mark.parametrize("k, stride, size, c, m, beyond, by_channels", [
-    (3, 1, 40, 128, 1, True, False), (3, 1, 40, 128, 1, False, True),
-    (3, 2, 40, 128, 1, False, True), (3, 1, 40, 136, 2, True, False),
-    (3, 1, 14, 392, 1, False, True), (5, 1, 14, 200, 1, False, True),
-    (3, 1, 14, 384, 2, False, True)])
+    (3, 1, 40, 128, 1, False, True), (3, 1, 40, 128, 1, True, True),
+    (3, 2, 40, 128, 1, True, True), (5, 1, 40, 128, 1, False, False),
+    (3, 1, 40, 136, 2, True, True), (3, 1, 14, 392, 1, False, True),
+    (5, 1, 28, 200, 1, True, True), (3, 1, 14, 384, 2, False, True)])
 def test_filter_gradient_of_operands_from_memory(monkeypatch, k, stride, size, c, m,
                                                  beyond, by_channels):
     """Operands above ``lanes._PREFETCH_BYTES``: the filter gradient asks for
     each job's next rows ahead, summing each row in pieces of its pixels or, for
     rows that want few pieces for their channels, of its channels
-    (``lanes._CHANNEL_PIECES``; stride-1 3x3 windows on operands of at most
-    ``lanes._CACHED_FILTER_BYTES``, ``lanes._CACHED_CHANNEL_PIECES``, and at
-    strides above 1 ``lanes._STRIDED_CHANNEL_PIECES``); parts that cross from
-    one image to the next, windows that reach into the padding, strides 1 and 2,
-    a last piece with a group of 8 channels, one window row a pass, a depth
-    multiplier. The float64 sums, within float32 rounding of 10^5 terms.
-    ``beyond``: operands above ``lanes._CACHED_FILTER_BYTES`` too.
-    ``by_channels``: the way the row takes on hosts that cut the asks into
-    pieces (AMD Zen); elsewhere each row is one piece of all its channels (and
-    on hosts whose filter gradient does not ask, ``lanes._FILTER_ASKS``, the
-    rows are summed as below the limit)."""
+    (``lanes._CHANNEL_PIECES``; 3x3 windows ``lanes._WINDOW_CHANNEL_PIECES``, at
+    strides above 1 ``lanes._STRIDED_CHANNEL_PIECES``), and with operands above
+    ``lanes._SPLIT_BYTES`` too (``beyond``) each piece of the channels cut into
+    pieces of the row's pixels; parts that cross from one image to the next,
+    windows that reach into the padding, strides 1 and 2, a last piece with a
+    group of 8 channels, one window row a pass, a depth multiplier. The float64
+    sums, within float32 rounding of 10^5 terms. ``by_channels``: the way the
+    row takes on hosts that cut the asks into pieces (AMD Zen); elsewhere each
+    row is one piece of all its channels (and on hosts whose filter gradient
+    does not ask, ``lanes._FILTER_ASKS``, the rows are summed as below the
+    limit)."""
     out = -(-size // stride)
     wanted = lanes._piece_count(max(size * stride * c // m, out * c), 4)
+    units = c // (2 * simd.WIDE)
     if lanes._ZEN:
-        if stride > 1 and k == 3:
-            bound = lanes._STRIDED_CHANNEL_PIECES
-        elif k == 3 and not beyond:
-            bound = lanes._CACHED_CHANNEL_PIECES
+        if k == 3:
+            bound = lanes._STRIDED_CHANNEL_PIECES if stride > 1 else lanes._WINDOW_CHANNEL_PIECES
         else:
             bound = lanes._CHANNEL_PIECES
-        assert (wanted <= bound * (c // (2 * simd.WIDE))) == by_channels
+        assert (wanted <= bound * units) == by_channels
+        # (the channel pieces of the rows from memory are cut in two or more)
+        assert not (beyond and by_channels) or (2 * wanted + units) // (2 * units) > 1
     else:
         assert wanted == 1
     ran = []
@@ -648,14 +649,14 @@ def test_filter_gradient_of_operands_from_memory(monkeypatch, k, stride, size, c
     rng = np.random.default_rng(stride + c + m)
     image = (size * size // m + out * out) * c * 4
     n = (_images_past_prefetch(image) if not beyond
-         else max(lanes._PREFETCH_BYTES, lanes._CACHED_FILTER_BYTES) // image + 2)
+         else max(lanes._PREFETCH_BYTES, lanes._SPLIT_BYTES) // image + 2)
     x = numbasep.empty_aligned((n, size, size, c // m))
     x[...] = rng.uniform(-1, 1, x.shape)
     dy = numbasep.empty_aligned((n, out, out, c))
     dy[...] = rng.uniform(-1, 1, dy.shape)
     assert x.nbytes + dy.nbytes > lanes._PREFETCH_BYTES
-    assert (x.nbytes + dy.nbytes > lanes._CACHED_FILTER_BYTES) == (
-        beyond or lanes._PREFETCH_BYTES > lanes._CACHED_FILTER_BYTES)
+    assert (x.nbytes + dy.nbytes > lanes._SPLIT_BYTES) == (
+        beyond or lanes._PREFETCH_BYTES > lanes._SPLIT_BYTES)
     got = BF(x, [k, k, c // m, m], dy, [1, stride, stride, 1], "SAME")
     assert ran[0] is lanes.kernels(k, k, multiplier=m).backprop_filter
     before = max((out - 1) * stride + k - size, 0) // 2

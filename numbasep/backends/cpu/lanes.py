@@ -541,8 +541,10 @@ _PIECE_LINES = 32 if _ZEN else 1 << 30
 
 # The filter gradient computes a row that asks for lines ahead in pieces of its
 # channels, each over the whole row (pairs of channel groups, at most one piece
-# a pair), when the pieces wanted (:func:`_piece_count`) are at most this many
-# times the pairs: each tap's sums then stay in registers from the row's first
+# a pair; from memory cut along the row, _SPLIT_BYTES), when the pieces wanted
+# (:func:`_piece_count`) are at most this many times the pairs (rows of one
+# window row a pass; rows of whole windows: the bounds below, and the
+# measurements here are from when they had this one too): each tap's sums then stay in registers from the row's first
 # pixel to its last instead of being loaded and stored every piece of pixels (4
 # pixels at 14x14x384). Longer rows, wanting more pieces, keep pieces of
 # pixels, which cut the asks finer: channel pieces there were slower (2
@@ -572,21 +574,32 @@ _CHANNEL_PIECES = 2
 # 1.97) in a run where it kept 2 in both, and even with the processes' order
 # swapped, so the bound for them is not measured.
 _STRIDED_CHANNEL_PIECES = 16
-# The bound for stride-1 rows of whole windows whose operands (input and output
-# gradient) take at most _CACHED_FILTER_BYTES (the L3 of the Zen 4 measured):
-# their lines asked for come from the L3, where fewer and larger requests paid
-# (56x56x144: 4 pieces of its channels instead of 15 of 4 pixels; 112x112x32:
-# the whole row in one piece instead of 7). Zen 4, 6 December, N=8, 2 threads,
-# alternating processes each with its own cache, medians of 5 pairs, every pair
-# faster, the bound of 2 / 8 (ms): 56x56x144 (29 MB) 1.72 / 0.98, 112x112x32 (26
-# MB) 0.94 / 0.62; 1 thread, 3 pairs: 3.30 / 2.36, 1.90 / 1.52. From memory the
-# bound stays 2: 8 for every size lost at N=32 (56x56x144, 116 MB, 6.49-7.06 /
-# 6.56-8.47; 112x112x32 3.77-3.93 / 4.42-5.58) and at N=16 112x112x32 (51 MB,
-# 1.49-1.90 / 1.92-2.02; 56x56x144 N=12, 43 MB, gained: 2.02-2.55 / 1.72-1.80).
-# Rows of a window row a pass (5x5, 7x7) keep 2: 56x56x96 7x7 N=8 1.60-2.16 /
-# 1.69-2.22.
-_CACHED_FILTER_BYTES = 32 << 20
-_CACHED_CHANNEL_PIECES = 8
+# The bound for stride-1 rows of whole windows. Zen 4, 6 December, 2 threads,
+# alternating processes each with its own cache, medians of 5 pairs (N=8) or
+# 4 (N=32), the bound of 2 / 8 (ms). From the L3 (operands up to
+# _SPLIT_BYTES), where fewer and larger requests paid, every pair faster: N=8
+# 56x56x144 (29 MB; 4 pieces of its channels instead of 15 of 4 pixels) 1.72
+# / 0.98, 112x112x32 (26 MB; the whole row in one piece instead of 7) 0.94 /
+# 0.62; 1 thread, 3 pairs, 3.30 / 2.36 and 1.90 / 1.52. From memory, with the
+# channel pieces cut as _SPLIT_BYTES says (alone, 8 lost there: N=32 56x56x144
+# 6.49-7.06 / 6.56-8.47, 112x112x32 3.77-3.93 / 4.42-5.58), every pair faster
+# on 56x56x144 N=32 (116 MB): 6.9 / 5.2 (5.3-7.4 / 4.7-5.4); 112x112x32 then
+# takes the same pieces as before (the one channel piece cut into 7). 28x28x192
+# N=32 lost (1.65 / 1.93; 1.42-1.85 / 1.84-2.00, both ways cut), still 0.7 of
+# the best peer's time.
+_WINDOW_CHANNEL_PIECES = 8
+# Operands (input and output gradient) above this many bytes (the Zen 4's L3)
+# come from memory: there each piece of a row's channels is cut into pieces of
+# its pixels, about as many as the asks want over the channel pieces (rounded),
+# so that the asks spread as finely as with pieces of pixels while the sums
+# stay in registers across each cut. Zen 4, 6 December, N=32, as above,
+# medians of 4 pairs, whole / cut (ms): 112x112x96 stride 2 (193 MB) 10.1 /
+# 7.4-8.7 (9.2-12.5 / 5.3-9.5, 8 of 8 pairs faster), 56x56x144 stride 2 4.05
+# / 3.5-3.7 (8 of 8), 28x28x240 5x5 3.54 / 2.68-2.76 (8 of 8), 56x56x72 5x5
+# stride 2 1.59 / 1.47-1.54, N=8 112x112x96 stride 2 (48 MB) even (1.84-2.30 /
+# 1.40-2.41); rows whose asks want fewer pieces than 1.5 a channel piece are
+# not cut (19x19x728).
+_SPLIT_BYTES = 32 << 20
 
 
 @njit(inline="always")
@@ -619,7 +632,7 @@ def _side(i, a, b):
 
 @njit(inline="always")
 def _dots(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, M, edges,
-          ahead, bound):
+          ahead, split):
     """Add into ``part`` (flat ``[kh, kw, c]``, from ``a0``) the products of ``run``
     output-gradient pixels from ``dy[g0]`` (``C`` apart) with the ``rows`` x KW
     window taps they read from ``src``, pixel k's tap (r, j) at ``src[s0 +
@@ -630,16 +643,20 @@ def _dots(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, 
     the elements ``src[a:b]`` and ``dy[c:d]`` to ask for, spread over the row's
     pieces: pieces of its channels (whole pairs of channel groups, ``2 *
     simd.WIDE`` channels; the last piece takes the rest) or of its pixels, as
-    ``bound`` (``_CHANNEL_PIECES`` or ``_CACHED_CHANNEL_PIECES``; strided rows
-    of whole windows ``_STRIDED_CHANNEL_PIECES``) says."""
+    ``_CHANNEL_PIECES`` (rows of whole windows: ``_WINDOW_CHANNEL_PIECES``, or
+    at strides above 1 ``_STRIDED_CHANNEL_PIECES``) says; with ``split``
+    (operands from memory, ``_SPLIT_BYTES``) each piece of the channels is cut
+    into pieces of its pixels too."""
     asked = max(ahead[1] - ahead[0], ahead[3] - ahead[2])
     wanted = _piece_count(asked, src.itemsize)
     units = _channel_units(C)
-    if sstep > colstep and rows > 1:
-        bound = _STRIDED_CHANNEL_PIECES
+    if rows == 1:
+        bound = _CHANNEL_PIECES
+    else:
+        bound = _STRIDED_CHANNEL_PIECES if sstep > colstep else _WINDOW_CHANNEL_PIECES
     if asked > 0 and wanted <= bound * units:
-        across = min(units, wanted)             # pieces of the channels, whole rows
-        n = run
+        across = min(units, wanted)             # pieces of the channels
+        n = _pieces(run, (2 * wanted + across) // (2 * across)) if split else run
     else:
         across = 1                              # (c0 = 0, c1 = C)
         n = _pieces(run, wanted) if asked > 0 else _chunk(run, C)
@@ -883,9 +900,7 @@ def _build(KH, KW, NT, M):
         ahead = (_FILTER_ASKS and x.size * x.itemsize + dy.size * dy.itemsize
                  > (_PREFETCH_BYTES if sh > 1 else _PREFETCH_FILTER_BYTES)
                  and OW * C <= _LONG_ROW)
-        bound = (_CACHED_CHANNEL_PIECES
-                 if x.size * x.itemsize + dy.size * dy.itemsize <= _CACHED_FILTER_BYTES
-                 else _CHANNEL_PIECES)
+        split = x.size * x.itemsize + dy.size * dy.itemsize > _SPLIT_BYTES
         part = parts[p]
         part[:] = 0
         pf = part.reshape(KH * KW * C)
@@ -904,18 +919,18 @@ def _build(KH, KW, NT, M):
                 _ask(dyf, span[2], span[3])
             elif ALL == KH and k0 == 0 and k1 == KH:
                 _dots(pf, 0, xf, s0, sw * CI, W * rh * CI, rw * CI, dyf, g0, C, hi - lo,
-                      ALL, KW, M, edges, span, bound)
+                      ALL, KW, M, edges, span, split)
             # (the lines asked for spread over the first window row's pixels)
             elif SIDES:
                 for r in range(k0, k1):
                     _dots(pf, r * KW * C, xf, s0 + r * W * rh * CI, sw * CI, 0, rw * CI,
                           dyf, g0, C, hi - lo, 1, KW, M, None, span if r == k0 else (0, 0, 0, 0),
-                          _CHANNEL_PIECES)
+                          split)
             else:
                 for r in range(k0, k1):
                     _dots(pf, r * KW * C, xf, s0 + r * W * rh * CI, sw * CI, 0, rw * CI,
                           dyf, g0, C, hi - lo, 1, KW, M, edges,
-                          span if r == k0 else (0, 0, 0, 0), _CHANNEL_PIECES)
+                          span if r == k0 else (0, 0, 0, 0), split)
             for i in range(a + OW - b if SIDES else 0):
                 ow = _side(i, a, b)
                 iw0 = ow * sw - pw
