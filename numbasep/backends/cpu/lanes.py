@@ -585,8 +585,8 @@ _STRIDED_CHANNEL_PIECES = 16
 # 6.49-7.06 / 6.56-8.47, 112x112x32 3.77-3.93 / 4.42-5.58), every pair faster
 # on 56x56x144 N=32 (116 MB): 6.9 / 5.2 (5.3-7.4 / 4.7-5.4); 112x112x32 then
 # takes the same pieces as before (the one channel piece cut into 7). 28x28x192
-# N=32 lost (1.65 / 1.93; 1.42-1.85 / 1.84-2.00, both ways cut), still 0.7 of
-# the best peer's time.
+# N=32 lost where its channel pieces were cut in two (1.65 / 1.93), which they
+# no longer are (_WINDOW_CUTS).
 _WINDOW_CHANNEL_PIECES = 8
 # Operands (input and output gradient) above this many bytes (the Zen 4's L3)
 # come from memory: there each piece of a row's channels is cut into pieces of
@@ -600,6 +600,12 @@ _WINDOW_CHANNEL_PIECES = 8
 # 1.40-2.41); rows whose asks want fewer pieces than 1.5 a channel piece are
 # not cut (19x19x728).
 _SPLIT_BYTES = 32 << 20
+# Rows of whole windows are cut only into this many pieces or more: 28x28x192
+# N=32 (10 pieces wanted over 6 channel pieces) lost when cut in two, 5x5 rows
+# cut in two gained (medians of 5 pairs, cut in two / whole, ms: 28x28x192 1.72
+# / 1.45, 4 of 5 pairs; 28x28x240 5x5 2.43 / 2.78, 5 of 5; 56x56x72 5x5 stride
+# 2 1.29 / 1.30).
+_WINDOW_CUTS = 3
 
 
 @njit(inline="always")
@@ -656,7 +662,8 @@ def _dots(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, 
         bound = _STRIDED_CHANNEL_PIECES if sstep > colstep else _WINDOW_CHANNEL_PIECES
     if asked > 0 and wanted <= bound * units:
         across = min(units, wanted)             # pieces of the channels
-        n = _pieces(run, (2 * wanted + across) // (2 * across)) if split else run
+        cuts = (2 * wanted + across) // (2 * across)
+        n = _pieces(run, cuts) if split and cuts >= (_WINDOW_CUTS if rows > 1 else 2) else run
     else:
         across = 1                              # (c0 = 0, c1 = C)
         n = _pieces(run, wanted) if asked > 0 else _chunk(run, C)
