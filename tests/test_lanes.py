@@ -616,8 +616,9 @@ def test_forward_of_operands_from_memory(monkeypatch, k, stride):
     (5, 1, 28, 200, 1, True, True), (3, 1, 14, 384, 2, False, True)])
 def test_filter_gradient_of_operands_from_memory(monkeypatch, k, stride, size, c, m,
                                                  beyond, by_channels):
-    """Operands above ``lanes._PREFETCH_BYTES``: the filter gradient asks for
-    each job's next rows ahead, summing each row in pieces of its pixels or, for
+    """Operands above ``lanes._PREFETCH_FILTER_BYTES`` (strided:
+    ``lanes._PREFETCH_BYTES``): the filter gradient asks for each job's next
+    rows ahead, summing each row in pieces of its pixels or, for
     rows that want few pieces for their channels, of its channels
     (``lanes._CHANNEL_PIECES``; 3x3 windows ``lanes._WINDOW_CHANNEL_PIECES``, at
     strides above 1 ``lanes._STRIDED_CHANNEL_PIECES``), and with operands above
@@ -650,15 +651,14 @@ def test_filter_gradient_of_operands_from_memory(monkeypatch, k, stride, size, c
     monkeypatch.setattr(driver, "_launch", lambda kern, *a: (ran.append(kern), real(kern, *a)))
     rng = np.random.default_rng(stride + c + m)
     image = (size * size // m + out * out) * c * 4
-    n = (_images_past_prefetch(image) if not beyond
-         else max(lanes._PREFETCH_BYTES, lanes._SPLIT_BYTES) // image + 2)
+    limit = lanes._PREFETCH_BYTES if stride > 1 else lanes._PREFETCH_FILTER_BYTES
+    n = (limit if not beyond else max(limit, lanes._SPLIT_BYTES)) // image + 2
     x = numbasep.empty_aligned((n, size, size, c // m))
     x[...] = rng.uniform(-1, 1, x.shape)
     dy = numbasep.empty_aligned((n, out, out, c))
     dy[...] = rng.uniform(-1, 1, dy.shape)
-    assert x.nbytes + dy.nbytes > lanes._PREFETCH_BYTES
-    assert (x.nbytes + dy.nbytes > lanes._SPLIT_BYTES) == (
-        beyond or lanes._PREFETCH_BYTES > lanes._SPLIT_BYTES)
+    assert x.nbytes + dy.nbytes > limit
+    assert (x.nbytes + dy.nbytes > lanes._SPLIT_BYTES) == (beyond or limit >= lanes._SPLIT_BYTES)
     got = BF(x, [k, k, c // m, m], dy, [1, stride, stride, 1], "SAME")
     assert ran[0] is lanes.kernels(k, k, multiplier=m).backprop_filter
     before = max((out - 1) * stride + k - size, 0) // 2

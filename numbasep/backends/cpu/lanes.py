@@ -472,7 +472,22 @@ def _forward_row(dst, d0, xf, wt, job, H, W, CI, C, OH, OW, KH, KW, sh, sw, rh, 
 # 56x56x96 2.07 / 1.88, N=32 14x14x384 2.84 / 2.73. Above 20 MB every filter
 # gradient gained: N=8 112x112x32 (25 MB) 1.38 / 1.11, 56x56x144 (29 MB) 2.14 /
 # 1.80.
-_PREFETCH_BYTES = (20 if _ZEN else 64) << 20
+#
+# Now from 32 MB (the L3) for the forward, the input gradient and the strided
+# filter gradient: on 6 December's Zen 4 (quiet hours, its bench copy rate
+# 71-93 GB/s from the L3, 30-40 from memory) the requests lost up to 32 MB
+# on every forward and input gradient tried but one (the kernels of 8737b1c,
+# alternating processes each with its own cache, medians of 4 pairs, asking
+# from 20 / from 32 MB, ms). Forward, faster in 4 of 4 pairs: N=8 56x56x144 (29
+# MB) 0.68 / 0.56, N=32 14x14x576 (29 MB) 0.71 / 0.62, 28x28x120 5x5 (24 MB)
+# 1.37 / 1.06; N=8 112x112x32 (26 MB) 0.52 / 0.50. Input gradient: N=8
+# 56x56x144 0.64 / 0.54, 112x112x32 0.51 / 0.46, N=32 14x14x576 0.70 / 0.59,
+# 28x28x120 5x5 1.57 / 1.11 (4 of 4 but 112x112x32, 3 of 4); 56x56x96 7x7 N=8
+# (19 MB) even (1.47 / 1.50). The stride-1 filter gradient keeps 16 MB: from
+# 32 its rows were mixed (N=32 14x14x384 0.71 / 0.55 and N=8 19x19x728 0.61 /
+# 0.50 faster in 4 of 4, N=32 14x14x576 1.08 / 1.35, N=8 56x56x144 0.96 / 1.04
+# and 112x112x32 0.54 / 0.57 slower or mixed).
+_PREFETCH_BYTES = (32 if _ZEN else 64) << 20
 _PREFETCH_FILTER_BYTES = (16 if _ZEN else 64) << 20
 # Whether the filter gradient asks at all. Not where the prefetchers keep up
 # (``simd.KEEPS_UP``): on Intel's Emerald Rapids (a Xeon, family 6 model 207,
@@ -544,11 +559,12 @@ _PIECE_LINES = 32 if _ZEN else 1 << 30
 # a pair; from memory cut along the row, _SPLIT_BYTES), when the pieces wanted
 # (:func:`_piece_count`) are at most this many times the pairs (rows of one
 # window row a pass; rows of whole windows: the bounds below, and the
-# measurements here are from when they had this one too): each tap's sums then stay in registers from the row's first
-# pixel to its last instead of being loaded and stored every piece of pixels (4
-# pixels at 14x14x384). Longer rows, wanting more pieces, keep pieces of
-# pixels, which cut the asks finer: channel pieces there were slower (2
-# threads, N=32 56x56x144 5.2 -> 6.4 ms, 112x112x32 3.6 -> 4.6). Both ways call
+# measurements here are from when they had this one too): each tap's sums then
+# stay in registers from the row's first pixel to its last instead of being
+# loaded and stored every piece of pixels (4 pixels at 14x14x384). Longer
+# rows, wanting more pieces, keep pieces of pixels, which cut the asks finer:
+# channel pieces there were slower (2 threads, N=32 56x56x144 5.2 -> 6.4 ms,
+# 112x112x32 3.6 -> 4.6). Both ways call
 # the intrinsic in a function of its own (:func:`_dots_piece`), from one loop
 # that gives the call one set of argument types (a literal 0 from one way, an
 # integer from the other, compiled it twice): with the intrinsic inside a
