@@ -486,7 +486,11 @@ def _forward_row(dst, d0, xf, wt, job, H, W, CI, C, OH, OW, KH, KW, sh, sw, rh, 
 # (19 MB) even (1.47 / 1.50). The stride-1 filter gradient keeps 16 MB: from
 # 32 its rows were mixed (N=32 14x14x384 0.71 / 0.55 and N=8 19x19x728 0.61 /
 # 0.50 faster in 4 of 4, N=32 14x14x576 1.08 / 1.35, N=8 56x56x144 0.96 / 1.04
-# and 112x112x32 0.54 / 0.57 slower or mixed).
+# and 112x112x32 0.54 / 0.57 slower or mixed). A second run, 6 pairs: 14x14x384
+# 0.66 / 0.53, 19x19x728 0.60 / 0.47, 56x56x144 0.85 / 0.66, 14x14x576 1.02 /
+# 0.98, 112x112x32 0.51 / 0.56, 28x28x120 5x5 1.24 / 1.37; a third: 14x14x576
+# 1.08 / 1.69 in 6 of 6 pairs (2.00 ms side by side, 1.50 of PyTorch's time),
+# 14x14x384 0.69 / 0.56 in 6 of 6. A rule between them is not measured yet.
 _PREFETCH_BYTES = (32 if _ZEN else 64) << 20
 _PREFETCH_FILTER_BYTES = (16 if _ZEN else 64) << 20
 # Whether the filter gradient asks at all. Not where the prefetchers keep up
