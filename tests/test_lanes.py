@@ -202,6 +202,26 @@ def test_edge_pixels_in_masked_blocks_or_one_at_a_time(route, size, k, channels,
     _assert_lanes_give_row_bits(route, xs, fs, attrs, seed=size)
 
 
+@pytest.mark.parametrize("size, k, padding", [
+    (7, 3, "SAME"), (14, 3, "SAME"), (9, 3, "VALID"), (21, 5, "SAME"), (28, 7, "SAME"),
+    (13, 7, "VALID"), (14, 5, "SAME"), (28, 3, "SAME")])
+def test_rows_in_blocks_of_seven(route, size, k, padding):
+    """Rows of 7 and 14 output pixels, and multiples of 7 for windows
+    ``simd.SEVEN_TAPS`` wide or more, go in blocks of ``simd.SEVEN_BLOCK`` pixels
+    (the last row here in blocks of 4): the reference's values and the row
+    kernels' bits, edges masked or not, with a last group of 8 channels."""
+    out = size - k + 1 if padding == "VALID" else size
+    sevens = out % 7 == 0 and (out in (7, 14) or k >= simd.SEVEN_TAPS)
+    assert sevens == ((size, k) != (28, 3))
+    xs, fs = (2, size, size, 40), (k, k, 40, 1)
+    attrs = dict(strides=[1, 1, 1, 1], padding=padding)
+    seen = route(True)
+    seen.clear()
+    support.assert_three_ops_match_the_reference(xs, fs, attrs, np.float32)
+    assert any(seen)
+    _assert_lanes_give_row_bits(route, xs, fs, attrs, seed=size + k)
+
+
 @pytest.mark.parametrize("k, channels, strides, dilations", [
     ((5, 5), 520, (1, 1), (1, 1)), ((7, 7), 264, (1, 1), (1, 2)), ((5, 5), 496, (2, 2), (1, 1))])
 @pytest.mark.parametrize("padding", ["SAME", "VALID"])

@@ -530,6 +530,26 @@ def prefetch(typingctx, a, i):
 # flight, and (stride and dilation 1) neighbours sharing their input loads.
 BLOCK = 4
 
+# Rows of 7 or 14 pixels (the 7x7 and 14x14 maps), and multiples of 7 for windows
+# at least SEVEN_TAPS wide, go in blocks of 7 pixels at column steps of one
+# pixel (the forward and input gradient at stride and dilation 1): no pixel
+# computed twice (a row of 7 took two blocks of 4, 8 pixels), and each window
+# row's weights loaded once for 7 pixels rather than 4. The same sums, each
+# pixel's taps added in the same order. 2 threads, AMD Zen 4, blocks of 4 / 7,
+# alternating processes, 3 rounds each (ms): N=32 7x7x1152 5x5 input gradient
+# 0.64-0.73 / 0.50-0.54, forward 0.58-0.65 / 0.49-0.57; 14x14x384 7x7 forward
+# 1.57-1.76 / 1.24-1.31, input gradient 1.68-1.99 / 1.39-1.67; 7x7x960 forward
+# 0.24-0.25 / 0.20-0.23; 56x56x96 7x7 forward 9.6-10.0 / 6.6-6.8. N=8 7x7x1152
+# 5x5 input gradient 0.157-0.163 / 0.131-0.141; 14x14x672 5x5 input gradient
+# 0.35-0.43 / 0.32-0.33; 56x56x96 7x7 forward 1.48-1.54 / 1.19-1.21; 28x28x120
+# 5x5 input gradient 0.28-0.38 / 0.25-0.26. Behind, both from memory: N=32
+# 14x14x672 5x5 forward 1.70-1.77 / 1.70-1.89, 28x28x240 5x5 input gradient
+# 2.5-2.7 / 2.9-3.3. 3x3 windows on rows of 28 and 56 pixels were even or mixed,
+# and stay in blocks of 4. With AVX-512 only (SEVENS): a paired block of 7 holds
+# 14 sums and two window rows of weights, past AVX2's 16 registers.
+SEVEN_BLOCK = 7
+SEVEN_TAPS = 5
+
 # Channel groups that each block of pixels of :func:`taps_rows` takes, one after
 # the other, before the next block (``together``), rather than one group across
 # the whole row: a block then reads its pixels' channels in order, which the
@@ -568,6 +588,9 @@ def _wide_lanes():
 
 
 WIDE = _wide_lanes()
+
+#: Whether ``taps_rows`` takes blocks of ``SEVEN_BLOCK`` pixels: 32 vector registers.
+SEVENS = WIDE == 16
 
 #: The depth multipliers ``taps_rows`` reads an input for directly (each input
 #: channel repeated for its output channels, in registers): those that divide
@@ -787,28 +810,32 @@ def _taps_rows(width):
             # (registers for 8 sums and 2 window rows of weights: AVX-512's 32)
             PAIRS = width == 16 and PAIRED
 
-            # ceil(n / BLOCK) blocks, the last one ending at pixel n (it overlaps the
-            # one before and stores the same values again, as each pixel's sums are
-            # formed the same way in any block): no single-pixel tail, whose chain
-            # of dependent multiply-adds cost up to a third of a 56-pixel row;
-            # single pixels only when n < BLOCK
-            full = builder.icmp_signed(">=", nv, const(BLOCK))
-            blocks = builder.select(full, builder.sdiv(builder.add(nv, const(BLOCK - 1)),
-                                                       const(BLOCK)), const(0))
-            singles = builder.select(full, const(0), nv)
-            last = builder.sub(nv, const(BLOCK))
+            def layout(size):
+                """(blocks, singles, block_start) of blocks of ``size`` pixels:
+                ceil(n / size) blocks, the last one ending at pixel n (it overlaps
+                the one before and stores the same values again, as each pixel's
+                sums are formed the same way in any block): no single-pixel tail,
+                whose chain of dependent multiply-adds cost up to a third of a
+                56-pixel row; single pixels only when n < size."""
+                full = builder.icmp_signed(">=", nv, const(size))
+                blocks = builder.select(full, builder.sdiv(builder.add(nv, const(size - 1)),
+                                                           const(size)), const(0))
+                singles = builder.select(full, const(0), nv)
+                last = builder.sub(nv, const(size))
 
-            def block_start(j):
-                k = builder.mul(j, const(BLOCK))
-                return builder.select(builder.icmp_signed("<", k, last), k, last)
+                def block_start(j):
+                    k = builder.mul(j, const(size))
+                    return builder.select(builder.icmp_signed("<", k, last), k, last)
+                return blocks, singles, block_start
 
-            def run(mode):
+            def run(mode, size=BLOCK):
+                blocks, singles, block_start = layout(size)
                 if TOG == 1:
                     # one group at a time across the row, in loops of its own: the
                     # loops below with chunks of one group ran the 5x5 stride-2
                     # phases 1.1-1.4x slower (32x56x72: 1.30 / 1.46-1.78 ms)
                     def one(g, _):
-                        v.loop(blocks, [], lambda j, _: checked(block_start(j), g, BLOCK, mode))
+                        v.loop(blocks, [], lambda j, _: checked(block_start(j), g, size, mode))
                         v.loop(singles, [], lambda j, _: checked(j, g, 1, None))
                         return []
                     v.loop(gv, [], one)
@@ -833,12 +860,22 @@ def _taps_rows(width):
 
                 def across(c, paired):
                     v.loop(blocks, [], lambda j, _: groups_of(
-                        c, lambda g: checked(block_start(j), g, BLOCK, mode), paired))
+                        c, lambda g: checked(block_start(j), g, size, mode), paired))
                     v.loop(singles, [], lambda j, _: groups_of(
                         c, lambda g: checked(j, g, 1, None), paired))
                     return []
                 chunks = builder.sdiv(builder.add(gv, const(TOG - 1)), per)
                 v.loop(chunks, [], lambda c, _: across(c, PAIRS))
+
+            def sevens(kw):
+                """Whether the row takes blocks of SEVEN_BLOCK pixels (at column steps of
+                one pixel): rows of 7 or 14 pixels, or, for windows at least
+                SEVEN_TAPS wide, any multiple of 7 pixels."""
+                if kw >= SEVEN_TAPS:
+                    return builder.icmp_signed("==", builder.srem(nv, const(SEVEN_BLOCK)),
+                                               const(0))
+                return builder.or_(builder.icmp_signed("==", nv, const(SEVEN_BLOCK)),
+                                   builder.icmp_signed("==", nv, const(2 * SEVEN_BLOCK)))
 
             def dispatch(modes):
                 if modes[0] is None:
@@ -847,7 +884,14 @@ def _taps_rows(width):
                 step = builder.mul(colv, const(modes[0]))
                 with builder.if_else(builder.icmp_signed("==", sstepv, step)) as (hit, miss):
                     with hit:
-                        run(modes[0])
+                        if SEVENS and modes[0] in (-1, 1):
+                            with builder.if_else(sevens(KW)) as (seven, other):
+                                with seven:
+                                    run(modes[0], SEVEN_BLOCK)
+                                with other:
+                                    run(modes[0])
+                        else:
+                            run(modes[0])
                     with miss:
                         dispatch(modes[1:])
 
