@@ -545,8 +545,8 @@ BLOCK = 4
 # 5x5 input gradient 0.28-0.38 / 0.25-0.26. Behind, both from memory: N=32
 # 14x14x672 5x5 forward 1.70-1.77 / 1.70-1.89, 28x28x240 5x5 input gradient
 # 2.5-2.7 / 2.9-3.3. 3x3 windows on rows of 28 and 56 pixels were even or mixed,
-# and stay in blocks of 4. With AVX-512 only (SEVENS): a paired block of 7 holds
-# 14 sums and two window rows of weights, past AVX2's 16 registers.
+# and stay in blocks of 4. With AVX-512 only (SEVENS): a block of 7 holds 7 sums
+# and a window row of up to 7 weights, with its inputs past AVX2's 16 registers.
 SEVEN_BLOCK = 7
 SEVEN_TAPS = 5
 
@@ -865,7 +865,10 @@ def _taps_rows(width):
                         c, lambda g: checked(j, g, 1, None), paired))
                     return []
                 chunks = builder.sdiv(builder.add(gv, const(TOG - 1)), per)
-                v.loop(chunks, [], lambda c, _: across(c, PAIRS))
+                # blocks of 7 one group at a time: paired, their 14 sums left little
+                # room (N=8 14x14x672 5x5 forward 0.31-0.38 -> 0.30-0.37 ms unpaired,
+                # 14x14x384 7x7 0.34-0.44 -> 0.32-0.38; N=32 even)
+                v.loop(chunks, [], lambda c, _: across(c, PAIRS and size != SEVEN_BLOCK))
 
             def sevens(kw):
                 """Whether the row takes blocks of SEVEN_BLOCK pixels (at column steps of
