@@ -546,7 +546,8 @@ BLOCK = 4
 # 14x14x672 5x5 forward 1.70-1.77 / 1.70-1.89, 28x28x240 5x5 input gradient
 # 2.5-2.7 / 2.9-3.3. 3x3 windows on rows of 28 and 56 pixels were even or mixed,
 # and stay in blocks of 4. With AVX-512 only (SEVENS): a block of 7 holds 7 sums
-# and a window row of up to 7 weights, with its inputs past AVX2's 16 registers.
+# and a window row of up to 7 weights, with its inputs past AVX2's 16 registers;
+# 16-lane groups of depth multiplier 1 only (:func:`taps_rows`).
 SEVEN_BLOCK = 7
 SEVEN_TAPS = 5
 
@@ -887,7 +888,10 @@ def _taps_rows(width):
                 step = builder.mul(colv, const(modes[0]))
                 with builder.if_else(builder.icmp_signed("==", sstepv, step)) as (hit, miss):
                     with hit:
-                        if SEVENS and modes[0] in (-1, 1):
+                        # not for the 8-lane tail group or a multiplier's repeats: code
+                        # to compile for little of the work (CI's tests 17 -> 22 min
+                        # with them)
+                        if SEVENS and width == WIDE and REP == 1 and modes[0] in (-1, 1):
                             with builder.if_else(sevens(KW)) as (seven, other):
                                 with seven:
                                     run(modes[0], SEVEN_BLOCK)
