@@ -209,7 +209,8 @@ def test_rows_in_blocks_of_seven(route, size, k, padding):
     """Rows of 7 and 14 output pixels, and multiples of 7 for windows
     ``simd.SEVEN_TAPS`` wide or more, go in blocks of ``simd.SEVEN_BLOCK`` pixels
     (the last row here in blocks of 4): the reference's values and the row
-    kernels' bits, edges masked or not, with a last group of 8 channels."""
+    kernels' bits, edges masked or not, with a last group of 8 channels (in
+    blocks of 4)."""
     out = size - k + 1 if padding == "VALID" else size
     sevens = out % 7 == 0 and (out in (7, 14) or k >= simd.SEVEN_TAPS)
     assert sevens == ((size, k) != (28, 3))

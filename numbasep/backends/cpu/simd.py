@@ -889,8 +889,7 @@ def _taps_rows(width):
                 with builder.if_else(builder.icmp_signed("==", sstepv, step)) as (hit, miss):
                     with hit:
                         # not for the 8-lane tail group or a multiplier's repeats: code
-                        # to compile for little of the work (CI's tests 17 -> 22 min
-                        # with them)
+                        # to compile for little of the work
                         if SEVENS and width == WIDE and REP == 1 and modes[0] in (-1, 1):
                             with builder.if_else(sevens(KW)) as (seven, other):
                                 with seven:
