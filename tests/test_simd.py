@@ -253,12 +253,15 @@ def test_taps_rows_sums_each_pixel_in_order(lanes, channels, step, n):
     # in 8 lanes: chunks of 2, 2 and 1 groups) or four (56), whose blocks 16 lanes
     # compute in pairs side by side (negative: 56 channels, a pair and one alone)
     together = {40: 2, 56: -4}.get(channels, 1)
+    # the code generated for a forward's steps (1, 2) or a gather's (-1); pixel
+    # step 3 takes the general code the gather's set keeps
+    steps = 1 if step in (1, 2) else -1
 
-    @_once(simd.WIDE, together)
+    @_once(simd.WIDE, together, steps)
     def run(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
             channels):
         taps_rows(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
-                  channels, 3, 0, None, 1, together)
+                  channels, 3, 0, None, 1, together, steps)
 
     rng = np.random.default_rng(channels + n)
     rows, KW = 2, 3
@@ -300,7 +303,7 @@ def test_taps_rows_leaves_out_the_columns_outside(lanes, cpix, ctap, c0, n, firs
     def run(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
             channels, edges):
         taps_rows(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
-                  channels, 3, 0, edges, 1, together)
+                  channels, 3, 0, edges, 1, together, 0)
 
     rng = np.random.default_rng(channels + n + first)
     W, rows, KW, margin = 5, 2, 3, 8
@@ -371,7 +374,7 @@ def test_streaming_stores_write_the_same_sums(lanes, n):
     @_once(simd.WIDE, together)
     def run(dst, d0, dstep, x, s0, wt, n, channels):
         taps_rows(dst, d0, dstep, x, s0, dstep, 50 * dstep, dstep, wt, 0, 3 * dstep, dstep, n, 2,
-                  channels, 3, 1, None, 1, together)
+                  channels, 3, 1, None, 1, together, 0)
         # one more pixel after the row, its window cut to 2 x 2
         taps_window(dst, d0 + n * dstep, x, s0 + n * dstep, 50 * dstep, dstep, wt, 0,
                     3 * dstep, dstep, 2, 2, channels, 1)

@@ -192,32 +192,33 @@ _INLINED_ROW = 3
 
 @njit(inline="always")
 def _row(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW, NT, edges, M,
-         ahead):
+         ahead, S):
     """:func:`_row_here` inlined, or, for windows wider than ``_INLINED_ROW``,
     called (:func:`_row_apart`)."""
     if KW <= _INLINED_ROW:
         _row_here(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW, NT,
-                  edges, M, ahead)
+                  edges, M, ahead, S)
     else:
         _row_apart(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW, NT,
-                   edges, M, ahead)
+                   edges, M, ahead, S)
 
 
 @njit(nogil=True, cache=True)
 def _row_apart(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW, NT, edges,
-               M, ahead):
+               M, ahead, S):
     """:func:`_row_here` as a function of its own, compiled per window width,
-    multiplier and store kind."""
+    multiplier, store kind and steps."""
     literally(KW)
     literally(NT)
     literally(M)
+    literally(S)
     _row_here(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW, NT, edges, M,
-              ahead)
+              ahead, S)
 
 
 @njit(inline="always")
 def _row_here(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW, NT, edges, M,
-              ahead):
+              ahead, S):
     """``run`` output pixels from ``dst[d0]`` on, ``C`` apart: the taps of window
     rows [k0, k1) of a window of KW columns (a compile-time constant), pixel
     k's tap (r, j) at ``src[s0 + k*sstep + r*rowstep + j*colstep]``, 16 channels
@@ -225,7 +226,9 @@ def _row_here(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW,
     describes (:func:`.simd.taps_rows`); NT (0, 1 or 2, a compile-time
     constant): non-temporal stores (2: in halves, :meth:`.simd._Lanes.put`); M
     (a compile-time constant): ``src`` holds a depth multiplier M's input (its
-    channel c // M for output channel c). ``ahead``:
+    channel c // M for output channel c). S (a compile-time constant): the
+    steps the intrinsic generates code for (:data:`.simd._STEP_SETS`: 1 a
+    forward's, -1 a gather's). ``ahead``:
     the elements [a, b) of ``src`` to ask for (:func:`_ahead`), spread over
     the row in pieces (:func:`_pieces`)."""
     rows = k1 - k0
@@ -245,11 +248,11 @@ def _row_here(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW,
         if KW >= _PAIRED_TAPS and n <= _PAIRED_ROW:
             _taps_rows(dst, d0 + k * C, C, src, s0 + k * sstep, sstep, rowstep, colstep, wt,
                        k0 * KW * C, KW * C, C, n, rows, C, KW, NT, _shifted(edges, k), M,
-                       _GROUP_PAIRS)
+                       _GROUP_PAIRS, S)
         else:
             _taps_rows(dst, d0 + k * C, C, src, s0 + k * sstep, sstep, rowstep, colstep, wt,
                        k0 * KW * C, KW * C, C, n, rows, C, KW, NT, _shifted(edges, k), M,
-                       _GROUPS)
+                       _GROUPS, S)
 
 
 @njit(inline="always")
@@ -354,16 +357,16 @@ def _phase_row(dst, d0, dstep, src, s0, rowstep, wt, w0, wrow, wstep, C, run, ro
 def _phase_chunk(dst, d0, dstep, src, s0, rowstep, wt, w0, wrow, wstep, C, run, rows, J, NT):
     if J == 1:
         _taps_rows(dst, d0, dstep, src, s0, C, rowstep, -C, wt, w0, wrow, wstep, run, rows, C,
-                   1, NT, None, 1, _GROUPS)
+                   1, NT, None, 1, _GROUPS, -1)
     elif J == 2:
         _taps_rows(dst, d0, dstep, src, s0, C, rowstep, -C, wt, w0, wrow, wstep, run, rows, C,
-                   2, NT, None, 1, _GROUPS)
+                   2, NT, None, 1, _GROUPS, -1)
     elif J == 3:
         _taps_rows(dst, d0, dstep, src, s0, C, rowstep, -C, wt, w0, wrow, wstep, run, rows, C,
-                   3, NT, None, 1, 1)
+                   3, NT, None, 1, 1, -1)
     else:
         _taps_rows(dst, d0, dstep, src, s0, C, rowstep, -C, wt, w0, wrow, wstep, run, rows, C,
-                   4, NT, None, 1, 1)
+                   4, NT, None, 1, 1, -1)
 
 
 @njit(inline="always")
@@ -403,7 +406,7 @@ def _forward_row(dst, d0, xf, wt, job, H, W, CI, C, OH, OW, KH, KW, sh, sw, rh, 
     s0 = ((n * H + ih0) * W + lo * sw - pw) * CI
     if lo < hi:
         _row(dst, d0 + lo * C, xf, s0, sw * CI, W * rh * CI, rw * CI, wt, C, hi - lo, k0, k1,
-             KW, NT, edges, M, ahead)
+             KW, NT, edges, M, ahead, 1)
     else:
         _ask(xf, ahead[0], ahead[1])
     # the columns whose window the sides cut
@@ -743,7 +746,7 @@ def _gather_row(dst, d0, dyf, n, ih, wt, H, W, C, OH, OW, KH, KW, rh, rw, ph, pw
     s0 = ((n * OH + oh0) * OW + lo + pw) * C
     if lo < hi:
         _row(dst, d0 + lo * C, dyf, s0, C, -OW * rh * C, -rw * C, wt, C, hi - lo, k0, k1, KW,
-             NT, (lo + pw, 1, -rw, OW, C), 1, ahead)
+             NT, (lo + pw, 1, -rw, OW, C), 1, ahead, -1)
     else:
         _ask(dyf, ahead[0], ahead[1])
     for i in range(lo + W - hi):

@@ -388,7 +388,7 @@ def _build(KH, KW, CB, CL):
                 for i in range(i0, i1):
                     b = ((i * sh + br - lo) * WP + bq) * CB
                     _taps_rows(dt, (i - i0) * DW * CB, CB, st, b, sw * CB, rstep, cstep,
-                               wt, 0, KW * CB, CB, DW, KH_, cv, KW, 0, None, 1, 1)
+                               wt, 0, KW * CB, CB, DW, KH_, cv, KW, 0, None, 1, 1, 0)
                 _from_tile(dt, (i1 - i0) * DW, cb, da, d0 + i0 * DW, DH * DW, down, CB)
             _store(dblk, cb * DH * DW, df, (n * C + c0) * DH * DW)
             for c in range(c0, c0 + cb if lost_rows[0] + lost_cols[0] > 0 else c0):
