@@ -340,6 +340,58 @@ def test_taps_rows_leaves_out_the_columns_outside(lanes, cpix, ctap, c0, n, firs
     assert not np.isnan(want).any()
 
 
+@pytest.mark.parametrize("masked", [False, True], ids=["inside", "edges"])
+@pytest.mark.parametrize("channels", [8, 24, 40])
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("n", [0, 3, 9])
+def test_taps_row_pairs_sum_two_rows_in_order(lanes, masked, channels, rows, n):
+    """Two output rows, the second's window one input row further down: each
+    pixel's sum as :func:`taps_rows` forms it (taps in order, the first product
+    rounded alone), the second row at ``drow``; with ``edges``, the columns
+    outside the map (NaN) left out; nothing else written."""
+    pairs = lanes("taps_row_pairs")
+    together = {8: 1, 24: 2, 40: -2}[channels]
+
+    @_once(simd.WIDE, together, masked)
+    def run(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
+            channels, edges, drow):
+        pairs(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows,
+              channels, 3, 0, edges, 1, together, 1, drow)
+
+    rng = np.random.default_rng(channels + 10 * n + rows)
+    KW, margin = 3, 4
+    c0 = -1 if masked else 0            # masked: both end pixels' windows cut
+    W = n + 2 + 2 * c0
+    C = channels + 4
+    rowstep = (W + 2 * margin) * C
+    x = np.full((rows + 1) * rowstep, np.nan, np.float32)
+    for r in range(rows + 1):
+        start = r * rowstep + margin * C
+        x[start:start + W * C] = rng.standard_normal(W * C)
+    wt = rng.standard_normal(rows * KW * C).astype(np.float32)
+    drow = n * C + 11
+    dst = np.full(2 * drow + 40, np.float32(-7))
+    edges = (c0, 1, 1, W, C) if masked else None
+    run(dst, 3, C, x, (margin + c0) * C, C, rowstep, C, wt, 0, KW * C, C, n, rows, channels,
+        edges, drow)
+    want = np.full_like(dst, np.float32(-7))
+    for q in range(2):
+        for k in range(n):
+            for lane in range(channels):
+                acc = None
+                for r in range(rows):
+                    for j in range(KW):
+                        col = c0 + k + j
+                        if not 0 <= col < W:
+                            continue
+                        xv = x[(q + r) * rowstep + (margin + col) * C + lane]
+                        wv = wt[r * KW * C + j * C + lane]
+                        acc = np.float32(xv * wv) if acc is None else _fma32(xv, wv, acc)
+                want[3 + q * drow + k * C + lane] = acc
+    np.testing.assert_array_equal(dst.view(np.uint32), want.view(np.uint32))
+    assert not np.isnan(want).any()
+
+
 @pytest.mark.parametrize("channels", [8, 56, 80])
 @pytest.mark.parametrize("rows, cols", [(1, 1), (1, 3), (2, 4)])
 def test_taps_window_sums_one_pixel_in_order(lanes, channels, rows, cols):

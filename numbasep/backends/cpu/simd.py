@@ -2,8 +2,8 @@
 
 Each works on float32 or float64 arrays (one element type per call) and leaves
 bounds to the caller, like the kernels' unsigned indexing does. The correlation
-and filter-gradient intrinsics (``taps_rows``, ``taps_window``, ``dots_rows``,
-``dots_window``) take a channel count, a multiple of 8, and run 16 lanes at a
+and filter-gradient intrinsics (``taps_rows``, ``taps_row_pairs``, ``taps_window``,
+``dots_rows``, ``dots_window``) take a channel count, a multiple of 8, and run 16 lanes at a
 time where the CPU has AVX-512 (8 elsewhere), then 8 for a last group of 8; they
 read 16-bit operands given as bit patterns and write 16-bit results that way.
 So does ``sum_groups``, which sums a depth multiplier's groups of channels.
@@ -688,9 +688,27 @@ def _by_channels(make, offsets, channels_at, repeated, grouped, doc):
     return intrinsic(typer)
 
 
-def _taps_rows(width):
+def _taps_rows(width, pair=False):
     def taps_rows(typingctx, dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow,
                   wstep, n, rows, groups, kw, stream, edges, repeat, together, steps):
+        return _taps_rows_typed(width, False, dst, d0, dstep, x, s0, sstep, rowstep, colstep,
+                                wt, w0, wrow, wstep, n, rows, groups, kw, stream, edges, repeat,
+                                together, steps)
+
+    def taps_row_pairs(typingctx, dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0,
+                       wrow, wstep, n, rows, groups, kw, stream, edges, repeat, together,
+                       steps, drow):
+        return _taps_rows_typed(width, True, dst, d0, dstep, x, s0, sstep, rowstep, colstep,
+                                wt, w0, wrow, wstep, n, rows, groups, kw, stream, edges, repeat,
+                                together, steps, drow)
+
+    return taps_row_pairs if pair else taps_rows
+
+
+def _taps_rows_typed(width, PAIR, *sigargs):
+    if True:
+        (dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows, groups,
+         kw, stream, edges, repeat, together, steps) = sigargs[:21]
         KW, NT, REP, TOG = _taps(kw), _taps(stream), _taps(repeat), _taps(together)
         if KW is None or NT is None or REP not in _REPEATS or TOG is None or TOG == 0 or \
                 _taps(steps) not in _STEP_SETS:
@@ -701,12 +719,12 @@ def _taps_rows(width):
         EDGES = _edges_typed(edges, 5)
         if EDGES is None:
             return None
-        sig = types.void(dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n,
-                         rows, groups, kw, stream, edges, repeat, together, steps)
+        sig = types.void(*sigargs)
 
         def codegen(context, builder, signature, args):
             (_, d0v, dstepv, _, s0v, sstepv, rowv, colv, _, w0v, wrowv, wstepv, nv, rowsv, gv,
-             _, _, edgesv, _, _, _) = args
+             _, _, edgesv, _, _, _) = args[:21]
+            drowv = args[21] if PAIR else None
             v = _Lanes(context, builder, signature, args, width, floats=8)
             ity = s0v.type
             fma = v.fma()
@@ -715,7 +733,7 @@ def _taps_rows(width):
                 return ir.Constant(ity, i)
 
             if EDGES:
-                cols = _Columns(context, builder, edgesv, signature.args[-4], 0, width)
+                cols = _Columns(context, builder, edgesv, signature.args[17], 0, width)
 
             def clamps(k0, count, mode):
                 """Per input vector a block loads, keyed as ``tap`` keys them:
@@ -728,10 +746,12 @@ def _taps_rows(width):
                 alone, as the scalar kernels' first term). ``edge`` (from
                 :func:`clamps`): taps of columns outside the map leave their sums as
                 they are."""
+                return row_uses(base, wg, r, [(r, sums)], count, mode, edge)[0]
+
+            def row_uses(base, wg, r, uses, count, mode, edge=None):
+                """:func:`row_taps` of input row r for each (window row, sums) of
+                ``uses``, each input vector loaded once for all of them."""
                 rb = builder.add(base, builder.mul(r, rowv))
-                wr = builder.add(wg, builder.mul(r, wrowv))
-                ws = [v.load(8, builder.add(wr, builder.mul(const(k), wstepv)))
-                      for k in range(KW)]
                 if mode is None:
                     def key(p, k):
                         return (p, k)
@@ -754,17 +774,23 @@ def _taps_rows(width):
                             off = builder.add(off, edge[key(p, k)][0])
                         loaded[key(p, k)] = v.value(3, off, REP)
                     return loaded[key(p, k)]
-                out = list(sums) if sums is not None else [None] * count
-                for k in range(KW):
-                    for p in range(count):
-                        t = tap(p, k)
-                        if sums is None and k == 0:
-                            out[p] = builder.fmul(t, ws[k])
-                            continue
-                        new = builder.call(fma, [t, ws[k], out[p]])
-                        out[p] = new if edge is None else builder.select(edge[key(p, k)][1],
-                                                                         new, out[p])
-                return out
+                outs = []
+                for wr_at, sums in uses:
+                    wr = builder.add(wg, builder.mul(wr_at, wrowv))
+                    ws = [v.load(8, builder.add(wr, builder.mul(const(k), wstepv)))
+                          for k in range(KW)]
+                    out = list(sums) if sums is not None else [None] * count
+                    for k in range(KW):
+                        for p in range(count):
+                            t = tap(p, k)
+                            if sums is None and k == 0:
+                                out[p] = builder.fmul(t, ws[k])
+                                continue
+                            new = builder.call(fma, [t, ws[k], out[p]])
+                            out[p] = new if edge is None else builder.select(
+                                edge[key(p, k)][1], new, out[p])
+                    outs.append(out)
+                return outs
 
             def group(k0, gs, count, mode, masked=False):
                 """The block of ``count`` pixels from k0 in each channel group of
@@ -782,21 +808,52 @@ def _taps_rows(width):
                         out += row_taps(base, wg, r, None if sums is None else
                                         sums[i * count:(i + 1) * count], count, mode, edge)
                     return out
-                if masked:
+                if PAIR:
+                    # two output rows, the second's window one input row further
+                    # down: each input row loaded once for both. Every sum starts at
+                    # -0 (fma(x, w, -0) is x*w rounded alone, to the bit)
+                    edge = clamps(k0, count, mode) if masked else None
+                    nsums = count * len(gs)
+                    zero = [ir.Constant(v.vty, [-0.0] * width)] * nsums
+
+                    def both(r, uses):
+                        """Input row r into each (window row, sums) of ``uses``."""
+                        outs = [[] for _ in uses]
+                        for i, (base, wg) in enumerate(zip(bases, wgs)):
+                            got = row_uses(base, wg, r, [
+                                (wr_at, sums[i * count:(i + 1) * count])
+                                for wr_at, sums in uses], count, mode, edge)
+                            for o, g in zip(outs, got):
+                                o += g
+                        return outs
+                    first = both(const(0), [(const(0), zero)])[0]
+
+                    def middle(r, sums):
+                        r1 = builder.add(r, const(1))
+                        a, b = both(r1, [(r1, sums[:nsums]), (r, sums[nsums:])])
+                        return a + b
+                    sums = v.loop(builder.sub(rowsv, const(1)), first + zero, middle)
+                    last = builder.sub(rowsv, const(1))
+                    tail = both(rowsv, [(last, sums[nsums:])])[0]
+                    rows_out = [(d0v, sums[:nsums]), (builder.add(d0v, drowv), tail)]
+                elif masked:
                     # every sum starts at -0 and takes each tap inside by a fused
                     # multiply-add: fma(x, w, -0) is x*w rounded alone, to the bit
                     edge = clamps(k0, count, mode)
                     start = [ir.Constant(v.vty, [-0.0] * width)] * (count * len(gs))
                     sums = v.loop(rowsv, start, lambda r, sums: rows_of(r, sums, edge))
+                    rows_out = [(d0v, sums)]
                 else:
                     sums = v.loop(builder.sub(rowsv, const(1)), rows_of(const(0), None),
                                   lambda r, sums: rows_of(builder.add(r, const(1)), sums))
-                for i, goff in enumerate(goffs):
-                    dg = builder.add(d0v, goff)
-                    for p in range(count):
-                        k = builder.add(k0, const(p))
-                        v.put(sums[i * count + p], 0, builder.add(dg, builder.mul(k, dstepv)),
-                              NT)
+                    rows_out = [(d0v, sums)]
+                for dbase, sums in rows_out:
+                    for i, goff in enumerate(goffs):
+                        dg = builder.add(dbase, goff)
+                        for p in range(count):
+                            k = builder.add(k0, const(p))
+                            v.put(sums[i * count + p], 0,
+                                  builder.add(dg, builder.mul(k, dstepv)), NT)
                 return []
 
             def checked(k0, g, count, mode):
@@ -819,7 +876,7 @@ def _taps_rows(width):
 
             # two groups' blocks side by side: 8 chains of multiply-adds in flight
             # (registers for 8 sums and 2 window rows of weights: AVX-512's 32)
-            PAIRS = width == 16 and PAIRED
+            PAIRS = width == 16 and PAIRED and not PAIR
 
             def layout(size):
                 """(blocks, singles, block_start) of blocks of ``size`` pixels:
@@ -900,7 +957,7 @@ def _taps_rows(width):
                     with hit:
                         # not for the 8-lane tail group or a multiplier's repeats: code
                         # to compile for little of the work
-                        if SEVENS and width == WIDE and REP == 1 and modes[0] in (-1, 1):
+                        if SEVENS and width == WIDE and REP == 1 and modes[0] in (-1, 1) and not PAIR:
                             with builder.if_else(sevens(KW)) as (seven, other):
                                 with seven:
                                     run(modes[0], SEVEN_BLOCK)
@@ -916,7 +973,9 @@ def _taps_rows(width):
 
         return sig, codegen
 
-    return taps_rows
+
+def _taps_row_pairs(width):
+    return _taps_rows(width, True)
 
 
 def _taps_window(width):
@@ -1214,6 +1273,7 @@ def _sum_groups(width):
 #: repeat) for one holding ``repeat`` elements per channel.
 CHANNEL_ARGS = {
     "taps_rows": (_taps_rows, (1, 4, 9), 14, (4, 18), None),
+    "taps_row_pairs": (_taps_row_pairs, (1, 4, 9), 14, (4, 18), None),
     "taps_window": (_taps_window, (1, 3, 7), 12, None, None),
     "dots_rows": (_dots_rows, (1, 4, 9), 12, (4, 15), None),
     "dots_window": (_dots_window, (1, 5, 9), 12, (5, 13), None),
@@ -1256,6 +1316,11 @@ taps_rows = _by_channels(*CHANNEL_ARGS["taps_rows"], """For each pixel k < n and
     masked multiply-add), from -0 (so that the first product is still rounded
     alone). 16-bit operands and results may be bit patterns (:func:`.halves.value`;
     results rounded to nearest even as stored).""")
+
+taps_row_pairs = _by_channels(*CHANNEL_ARGS["taps_row_pairs"], """:func:`taps_rows` for two
+    output rows at once, the second at ``dst[d0 + drow]`` whose window sits one
+    ``rowstep`` further down (``rows`` + 1 input rows, each loaded once for both;
+    ``rows`` >= 1). The same sums as two calls of :func:`taps_rows`.""")
 
 taps_window = _by_channels(*CHANNEL_ARGS["taps_window"], """For each channel c < channels (a multiple of 8; as vectors):
     ``dst[d0 + c] = sum over rows r < rows and columns j < cols of``
