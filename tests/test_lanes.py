@@ -223,6 +223,30 @@ def test_rows_in_blocks_of_seven(route, size, k, padding):
     _assert_lanes_give_row_bits(route, xs, fs, attrs, seed=size + k)
 
 
+@pytest.mark.parametrize("k, channels, multiplier, width", [
+    (3, 40, 1, 24), (3, 64, 1, 14), (5, 16, 1, 24), (7, 24, 1, 24), (3, 16, 2, 24)])
+@pytest.mark.parametrize("height", [9, 12])
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+def test_rows_in_pairs(route, monkeypatch, k, channels, multiplier, width, height, padding):
+    """The forward's and the stride-1 input gradient's rows whose windows lie
+    inside the map, two at a time (``simd.taps_row_pairs``): an odd or even
+    count of them per image, the rows the top and bottom cut one at a time,
+    side pixels masked or (14 pixels of 64 channels) one at a time, a last
+    group of 8 channels, a depth multiplier (the forward's); the reference's
+    values and the row kernels' bits (a multiplier's: those of its input
+    repeated)."""
+    xs, fs = (2, height, width, channels), (k, k, channels, multiplier)
+    attrs = dict(strides=[1, 1, 1, 1], padding=padding)
+    if multiplier > 1:
+        _assert_multiplier_in_registers(monkeypatch, xs, fs, attrs, np.float32)
+        return
+    seen = route(True)
+    seen.clear()
+    support.assert_three_ops_match_the_reference(xs, fs, attrs, np.float32)
+    assert any(seen)
+    _assert_lanes_give_row_bits(route, xs, fs, attrs, seed=height + k)
+
+
 @pytest.mark.parametrize("k, channels, strides, dilations", [
     ((5, 5), 520, (1, 1), (1, 1)), ((7, 7), 264, (1, 1), (1, 2)), ((5, 5), 496, (2, 2), (1, 1))])
 @pytest.mark.parametrize("padding", ["SAME", "VALID"])

@@ -14,6 +14,9 @@ formed as the row kernels of :mod:`.kernels` form it (taps in (kh, kw) order,
 fused with :func:`.simd.fma`, the first product rounded alone), so the two give
 the same bits.
 
+The forward and the stride-1 input gradient compute the rows whose windows lie
+inside the map two at a time (:func:`.simd.taps_row_pairs`, ``_PAIR_ROWS``).
+
 Rows longer than ``_LONG_ROW`` elements are computed in chunks of pixels, every
 channel group of a chunk before the next chunk (forward and stride-1 input
 gradient: the last chunk overlapping the one before; filter gradient: products
@@ -67,6 +70,7 @@ from .simd import pointwise_rows as _pointwise_rows
 from .simd import prefetch as _prefetch
 from .simd import sfence as _sfence
 from .simd import sum_groups as _sum_groups
+from .simd import taps_row_pairs as _taps_row_pairs
 from .simd import taps_rows as _taps_rows
 from .simd import taps_window as _taps_window
 from .tasks import Parallel
@@ -189,6 +193,32 @@ _GROUP_PAIRS = -_GROUPS
 # 6 %.
 _INLINED_ROW = 3
 
+# The forward and the stride-1 input gradient compute the rows whose windows
+# lie inside the map two at a time (:func:`.simd.taps_row_pairs`): each input
+# vector is loaded once for both rows, from one pass over KH + 1 rows rather
+# than two over KH. Found on Zen 4 (1 thread, from memory): a plain numba loop
+# summing 3 rows of 75 KB into a fourth moved 19 GB/s one output row at a time,
+# 26 two at a time, 29 four at a time (a copy: 29); 1 thread, N=4 147x147x128
+# forward (42 MB an operand), the channels-last lanes about 100 ns a pixel,
+# channels-first 48. Zen 4, 2 threads, alternating processes each with its own
+# cache, medians of 4-5 (ms), one row / two: forward N=32 56x56x96 7x7 7.67 /
+# 6.18 (and 7.41 / 5.97), 28x28x240 5x5 3.44 / 2.52, 14x14x672 5x5 2.34 /
+# 1.88, 28x28x192 1.09 / 0.94, 56x56x144 3.57 / 3.77 (and 3.99 / 3.91),
+# 147x147x128 36.3 / 37.5; N=8 14x14x384 0.117 / 0.100,
+# 56x56x144 m2 1.41 / 1.28, 112x112x32 0.61 / 0.61. Input gradient N=32
+# 28x28x240 5x5 3.56 / 2.33, 56x56x96 7x7 8.04 / 6.46, 56x56x144 3.36 / 3.57,
+# 112x112x32 2.58 / 2.94, 28x28x192 0.91 / 0.88; N=8 56x56x144 0.80 / 0.69,
+# 14x14x384 0.114 / 0.103. Rows of 7x7 windows up to _PAIRED_ROW pixels keep
+# one row at a time, their channel groups' blocks paired side by side instead
+# (N=32 14x14x384 7x7 forward 1.38 / 1.61, N=8 0.33 / 0.40), and so do rows of
+# at most _PAIR_MIN_RUN pixels in blocks (7x7 maps: N=8 7x7x960 0.065 /
+# 0.070). Not with stores in halves (NT 2): two rows' stores leave twice the
+# lines open at once (N=8 19x19x728 forward 0.46 / 0.93). Each kernel compiles
+# the pairs as well (cold 2x56x56x64 3x3: forward 15.8 -> 22.9 s, input
+# gradient 12.7 -> 18.7).
+_PAIR_ROWS = True
+_PAIR_MIN_RUN = 8
+
 
 @njit(inline="always")
 def _row(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW, NT, edges, M,
@@ -238,9 +268,7 @@ def _row_here(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW,
             dst[d0 + k * C:d0 + (k + 1) * C] = 0
         return
     s0 += k0 * rowstep
-    n = _chunk(run, C)
-    if ahead[1] > ahead[0]:
-        n = _pieces(run, _piece_count(ahead[1] - ahead[0], src.itemsize))
+    n = _piece_pixels(run, C, ahead, src.itemsize)
     pieces = (run + n - 1) // n
     for i in range(pieces):
         k = min(i * n, run - n)
@@ -253,6 +281,16 @@ def _row_here(dst, d0, src, s0, sstep, rowstep, colstep, wt, C, run, k0, k1, KW,
             _taps_rows(dst, d0 + k * C, C, src, s0 + k * sstep, sstep, rowstep, colstep, wt,
                        k0 * KW * C, KW * C, C, n, rows, C, KW, NT, _shifted(edges, k), M,
                        _GROUPS, S)
+
+
+@njit(inline="always")
+def _piece_pixels(run, C, ahead, itemsize):
+    """The pixels of each piece of a row of ``run`` pixels: a chunk
+    (:func:`_chunk`), or, asking for ``ahead`` across the row, a piece of the
+    asks (:func:`_pieces`)."""
+    if ahead[1] > ahead[0]:
+        return _pieces(run, _piece_count(ahead[1] - ahead[0], itemsize))
+    return _chunk(run, C)
 
 
 @njit(inline="always")
@@ -409,7 +447,67 @@ def _forward_row(dst, d0, xf, wt, job, H, W, CI, C, OH, OW, KH, KW, sh, sw, rh, 
              KW, NT, edges, M, ahead, 1)
     else:
         _ask(xf, ahead[0], ahead[1])
-    # the columns whose window the sides cut
+    _forward_sides(dst, d0, xf, wt, n, ih0, k0, k1, H, W, C, OW, KW, sw, rw, rh, pw, lo, hi,
+                   NT, M)
+
+
+@njit(inline="always")
+def _pairs(OH, KH, KW, sh, rh, lo, hi, NT):
+    """Whether a kernel of OH output rows an image computes the rows whose
+    windows lie inside the map two at a time (:func:`.simd.taps_row_pairs`):
+    the second row's window one window row further on (``sh == rh``); its
+    blocks' pixels [lo, hi); NT as in :func:`_row_here` (see ``_PAIR_ROWS``)."""
+    return (_PAIR_ROWS and sh == rh and KH >= 2 and OH >= 2 and NT != 2
+            and hi - lo > _PAIR_MIN_RUN and not (KW >= 7 and hi - lo <= _PAIRED_ROW))
+
+
+@njit(inline="always")
+def _pair_inside(job, OH, H, KH, sh, rh, ph):
+    """Whether rows ``job`` and ``job + 1`` (OH an image) are of one image and
+    both their windows lie inside the H rows they read (row o's window row k
+    at ``o*sh - ph + k*rh``)."""
+    n, oh = _split(job, OH)
+    if oh + 1 >= OH:
+        return False
+    ih0 = oh * sh - ph
+    return ih0 >= 0 and ih0 + sh + (KH - 1) * rh < H
+
+
+@njit(inline="always")
+def _forward_pair(dst, d0, xf, wt, job, H, W, CI, C, OH, OW, KH, KW, sh, sw, rh, rw, ph, pw, lo,
+                  hi, edges, NT, M, ahead):
+    """Output rows ``job`` and ``job + 1`` (:func:`_pair_inside`) at ``dst[d0]``, as
+    :func:`_forward_row` computes them, their blocks two rows at a time."""
+    n, oh = _split(job, OH)
+    ih0 = oh * sh - ph
+    s0 = ((n * H + ih0) * W + lo * sw - pw) * CI
+    _row_pair(dst, d0 + lo * C, OW * C, xf, s0, sw * CI, W * rh * CI, rw * CI, wt, C, hi - lo,
+              KH, KW, NT, edges, M, ahead, 1)
+    for r in range(2):
+        _forward_sides(dst, d0 + r * OW * C, xf, wt, n, ih0 + r * sh, 0, KH, H, W, C, OW, KW,
+                       sw, rw, rh, pw, lo, hi, NT, M)
+
+
+@njit(inline="always")
+def _row_pair(dst, d0, drow, src, s0, sstep, rowstep, colstep, wt, C, run, KH, KW, NT, edges, M,
+              ahead, S):
+    """:func:`_row_here` of all KH window rows for two output rows at once, the
+    second at ``dst[d0 + drow]`` whose window lies ``rowstep`` further on
+    (:func:`.simd.taps_row_pairs`)."""
+    n = _piece_pixels(run, C, ahead, src.itemsize)
+    pieces = (run + n - 1) // n
+    for i in range(pieces):
+        k = min(i * n, run - n)
+        _ask_share(src, ahead[0], ahead[1], i, pieces)
+        _taps_row_pairs(dst, d0 + k * C, C, src, s0 + k * sstep, sstep, rowstep, colstep, wt,
+                        0, KW * C, C, n, KH, C, KW, NT, _shifted(edges, k), M, _GROUPS, S, drow)
+
+
+@njit(inline="always")
+def _forward_sides(dst, d0, xf, wt, n, ih0, k0, k1, H, W, C, OW, KW, sw, rw, rh, pw, lo, hi, NT,
+                   M):
+    """The forward's output columns outside [lo, hi) of one row: those whose window
+    a side cuts."""
     for i in range(lo + OW - hi):
         ow = _side(i, lo, hi)
         if M > 1:       # none of their taps inside (the others are in blocks)
@@ -530,6 +628,19 @@ def _ahead(job, jobs, out_rows, step, first, span, rows, length):
         if lo < hi:
             return (n * rows + lo) * length, (n * rows + hi) * length
     return 0, 0
+
+
+@njit(inline="always")
+def _ahead_pair(job, jobs, out_rows, step, first, span, rows, length):
+    """:func:`_ahead` for a job computing rows ``job`` and ``job + 1`` at once: the
+    elements that jobs ``job + 2`` and ``job + 3`` read and job ``job + 1`` does not."""
+    a = _ahead(job + 1, jobs, out_rows, step, first, span, rows, length)
+    b = _ahead(job + 2, jobs, out_rows, step, first, span, rows, length)
+    if b[1] <= b[0]:
+        return a
+    if a[1] <= a[0]:
+        return b
+    return min(a[0], b[0]), max(a[1], b[1])
 
 
 @njit(inline="always")
@@ -749,6 +860,30 @@ def _gather_row(dst, d0, dyf, n, ih, wt, H, W, C, OH, OW, KH, KW, rh, rw, ph, pw
              NT, (lo + pw, 1, -rw, OW, C), 1, ahead, -1)
     else:
         _ask(dyf, ahead[0], ahead[1])
+    _gather_sides(dst, d0, dyf, wt, n, oh0, k0, k1, W, C, OH, OW, KW, rh, rw, pw, lo, hi, NT)
+
+
+@njit(inline="always")
+def _gather_pair(dst, d0, dyf, n, ih, wt, H, W, C, OH, OW, KH, KW, rh, rw, ph, pw, lo, hi, NT,
+                 ahead):
+    """Input rows ``ih`` and ``ih + 1`` of image ``n`` (both windows inside the
+    output gradient, ``rh`` 1) as :func:`_gather_row` computes them, their blocks
+    two rows at a time (:func:`_row_pair`): row ``ih + 1`` first, whose window
+    one row up is row ``ih``'s."""
+    oh0 = ih + 1 + ph
+    s0 = ((n * OH + oh0) * OW + lo + pw) * C
+    _row_pair(dst, d0 + (W + lo) * C, -W * C, dyf, s0, C, -OW * C, -rw * C, wt, C, hi - lo,
+              KH, KW, NT, (lo + pw, 1, -rw, OW, C), 1, ahead, -1)
+    for r in range(2):
+        _gather_sides(dst, d0 + r * W * C, dyf, wt, n, ih + r + ph, 0, KH, W, C, OH, OW, KW,
+                      rh, rw, pw, lo, hi, NT)
+
+
+@njit(inline="always")
+def _gather_sides(dst, d0, dyf, wt, n, oh0, k0, k1, W, C, OH, OW, KW, rh, rw, pw, lo, hi,
+                  NT):
+    """The input-gradient columns outside [lo, hi) of one row: those whose window a
+    side cuts."""
     for i in range(lo + W - hi):
         iw = _side(i, lo, hi)
         j0, j1 = _taps_inside(iw + pw, -rw, KW, OW)
@@ -773,11 +908,22 @@ def _build(KH, KW, NT, M):
         jobs = N * OH
         ahead = (_PREFETCH_FORWARD and OW * C <= _LONG_ROW
                  and x.size * x.itemsize + y.size * y.itemsize > _PREFETCH_BYTES)
-        for job in range(*_part(part, parts, jobs)):
+        first, last = _part(part, parts, jobs)
+        pairs = _pairs(OH, KH, KW, sh, rh, lo, hi, NT)
+        job = first
+        while job < last:
+            if pairs and job + 1 < last and _pair_inside(job, OH, H, KH, sh, rh, ph):
+                span = (_ahead_pair(job, jobs, OH, sh, -ph, (KH - 1) * rh, H, W * CI)
+                        if ahead else (0, 0))
+                _forward_pair(yf, job * OW * C, xf, wt, job, H, W, CI, C, OH, OW, KH, KW, sh,
+                              sw, rh, rw, ph, pw, lo, hi, edges, NT, M, span)
+                job += 2
+                continue
             span = (_ahead(job, jobs, OH, sh, -ph, (KH - 1) * rh, H, W * CI) if ahead
                     else (0, 0))
             _forward_row(yf, job * OW * C, xf, wt, job, H, W, CI, C, OH, OW, KH, KW, sh, sw,
                          rh, rw, ph, pw, lo, hi, edges, NT, M, span)
+            job += 1
         if NT:
             _sfence()
 
@@ -834,7 +980,19 @@ def _build(KH, KW, NT, M):
         ahead = (KH >= _PREFETCH_INPUT_ROWS and OW * C <= _LONG_ROW
                  and dy.size * dy.itemsize + dx.size * dx.itemsize > _PREFETCH_BYTES)
         rep = np.empty(W * C if M > 1 else 0, np.float32)
-        for job in range(*_part(part, parts, jobs)):
+        first, last = _part(part, parts, jobs)
+        pairs = M == 1 and _pairs(H, KH, KW, 1, rh, lo, hi, NT)
+        job = first
+        while job < last:
+            if pairs and job + 1 < last and _pair_inside(job, H, OH, KH, 1, rh,
+                                                         (KH - 1) * rh - ph):
+                span = (_ahead_pair(job, jobs, H, 1, ph - (KH - 1) * rh, (KH - 1) * rh, OH,
+                                    OW * C) if ahead else (0, 0))
+                n, ih = _split(job, H)
+                _gather_pair(dxf, job * W * C, dyf, n, ih, wt, H, W, C, OH, OW, KH, KW, rh,
+                             rw, ph, pw, lo, hi, NT, span)
+                job += 2
+                continue
             span = (_ahead(job, jobs, H, 1, ph - (KH - 1) * rh, (KH - 1) * rh, OH, OW * C)
                     if ahead else (0, 0))
             n, ih = _split(job, H)
@@ -845,6 +1003,7 @@ def _build(KH, KW, NT, M):
                 _gather_row(rep, 0, dyf, n, ih, wt, H, W, C, OH, OW, KH, KW, rh, rw, ph,
                             pw, lo, hi, 0, span)
                 _sum_groups(dxf, job * W * CI, CI, rep, 0, C, W, CI, M, NT)
+            job += 1
         if NT:
             _sfence()
 
