@@ -706,272 +706,274 @@ def _taps_rows(width, pair=False):
 
 
 def _taps_rows_typed(width, PAIR, *sigargs):
-    if True:
-        (dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows, groups,
-         kw, stream, edges, repeat, together, steps) = sigargs[:21]
-        KW, NT, REP, TOG = _taps(kw), _taps(stream), _taps(repeat), _taps(together)
-        if KW is None or NT is None or REP not in _REPEATS or TOG is None or TOG == 0 or \
-                _taps(steps) not in _STEP_SETS:
-            return None
-        STEPS = _STEP_SETS[_taps(steps)]
-        # together < 0: chunks of -together groups, their blocks computed in pairs
-        PAIRED, TOG = TOG < 0, abs(TOG)
-        EDGES = _edges_typed(edges, 5)
-        if EDGES is None:
-            return None
-        sig = types.void(*sigargs)
+    """(signature, codegen) of :func:`taps_rows` (PAIR false) or of
+    :func:`taps_row_pairs` (PAIR true: ``drow`` the last of ``sigargs``), or None
+    for arguments they do not take."""
+    (dst, d0, dstep, x, s0, sstep, rowstep, colstep, wt, w0, wrow, wstep, n, rows, groups,
+     kw, stream, edges, repeat, together, steps) = sigargs[:21]
+    KW, NT, REP, TOG = _taps(kw), _taps(stream), _taps(repeat), _taps(together)
+    if KW is None or NT is None or REP not in _REPEATS or TOG is None or TOG == 0 or \
+            _taps(steps) not in _STEP_SETS:
+        return None
+    STEPS = _STEP_SETS[_taps(steps)]
+    # together < 0: chunks of -together groups, their blocks computed in pairs
+    PAIRED, TOG = TOG < 0, abs(TOG)
+    EDGES = _edges_typed(edges, 5)
+    if EDGES is None:
+        return None
+    sig = types.void(*sigargs)
 
-        def codegen(context, builder, signature, args):
-            (_, d0v, dstepv, _, s0v, sstepv, rowv, colv, _, w0v, wrowv, wstepv, nv, rowsv, gv,
-             _, _, edgesv, _, _, _) = args[:21]
-            drowv = args[21] if PAIR else None
-            v = _Lanes(context, builder, signature, args, width, floats=8)
-            ity = s0v.type
-            fma = v.fma()
+    def codegen(context, builder, signature, args):
+        (_, d0v, dstepv, _, s0v, sstepv, rowv, colv, _, w0v, wrowv, wstepv, nv, rowsv, gv,
+         _, _, edgesv, _, _, _) = args[:21]
+        drowv = args[21] if PAIR else None
+        v = _Lanes(context, builder, signature, args, width, floats=8)
+        ity = s0v.type
+        fma = v.fma()
 
-            def const(i):
-                return ir.Constant(ity, i)
+        def const(i):
+            return ir.Constant(ity, i)
 
-            if EDGES:
-                cols = _Columns(context, builder, edgesv, signature.args[17], 0, width)
+        if EDGES:
+            cols = _Columns(context, builder, edgesv, signature.args[17], 0, width)
 
-            def clamps(k0, count, mode):
-                """Per input vector a block loads, keyed as ``tap`` keys them:
-                :meth:`_Columns.clamp` of its column."""
-                return _block_clamps(cols, k0, count, KW, mode)
+        def clamps(k0, count, mode):
+            """Per input vector a block loads, keyed as ``tap`` keys them:
+            :meth:`_Columns.clamp` of its column."""
+            return _block_clamps(cols, k0, count, KW, mode)
 
-            def row_taps(base, wg, r, sums, count, mode, edge=None):
-                """Add window row r's taps into the sums of ``count`` pixels from
-                ``base``; ``sums`` None: the first row (the first product is rounded
-                alone, as the scalar kernels' first term). ``edge`` (from
-                :func:`clamps`): taps of columns outside the map leave their sums as
-                they are."""
-                return row_uses(base, wg, r, [(r, sums)], count, mode, edge)[0]
+        def row_taps(base, wg, r, sums, count, mode, edge=None):
+            """Add window row r's taps into the sums of ``count`` pixels from
+            ``base``; ``sums`` None: the first row (the first product is rounded
+            alone, as the scalar kernels' first term). ``edge`` (from
+            :func:`clamps`): taps of columns outside the map leave their sums as
+            they are."""
+            return row_uses(base, wg, r, [(r, sums)], count, mode, edge)[0]
 
-            def row_uses(base, wg, r, uses, count, mode, edge=None):
-                """:func:`row_taps` of input row r for each (window row, sums) of
-                ``uses``, each input vector loaded once for all of them."""
-                rb = builder.add(base, builder.mul(r, rowv))
-                if mode is None:
-                    def key(p, k):
-                        return (p, k)
+        def row_uses(base, wg, r, uses, count, mode, edge=None):
+            """:func:`row_taps` of input row r for each (window row, sums) of
+            ``uses``, each input vector loaded once for all of them."""
+            rb = builder.add(base, builder.mul(r, rowv))
+            if mode is None:
+                def key(p, k):
+                    return (p, k)
 
-                    def at(p, k):
-                        return builder.add(rb, builder.add(builder.mul(const(p), sstepv),
-                                                           builder.mul(const(k), colv)))
-                else:
-                    def key(p, k):
-                        return mode * p + k
+                def at(p, k):
+                    return builder.add(rb, builder.add(builder.mul(const(p), sstepv),
+                                                       builder.mul(const(k), colv)))
+            else:
+                def key(p, k):
+                    return mode * p + k
 
-                    def at(p, k):
-                        return builder.add(rb, builder.mul(const(key(p, k)), colv))
-                loaded = {}
+                def at(p, k):
+                    return builder.add(rb, builder.mul(const(key(p, k)), colv))
+            loaded = {}
 
-                def tap(p, k):
-                    if key(p, k) not in loaded:
-                        off = at(p, k)
-                        if edge is not None:
-                            off = builder.add(off, edge[key(p, k)][0])
-                        loaded[key(p, k)] = v.value(3, off, REP)
-                    return loaded[key(p, k)]
-                outs = []
-                for wr_at, sums in uses:
-                    wr = builder.add(wg, builder.mul(wr_at, wrowv))
-                    ws = [v.load(8, builder.add(wr, builder.mul(const(k), wstepv)))
-                          for k in range(KW)]
-                    out = list(sums) if sums is not None else [None] * count
-                    for k in range(KW):
-                        for p in range(count):
-                            t = tap(p, k)
-                            if sums is None and k == 0:
-                                out[p] = builder.fmul(t, ws[k])
-                                continue
-                            new = builder.call(fma, [t, ws[k], out[p]])
-                            out[p] = new if edge is None else builder.select(
-                                edge[key(p, k)][1], new, out[p])
-                    outs.append(out)
-                return outs
+            def tap(p, k):
+                if key(p, k) not in loaded:
+                    off = at(p, k)
+                    if edge is not None:
+                        off = builder.add(off, edge[key(p, k)][0])
+                    loaded[key(p, k)] = v.value(3, off, REP)
+                return loaded[key(p, k)]
+            outs = []
+            for wr_at, sums in uses:
+                wr = builder.add(wg, builder.mul(wr_at, wrowv))
+                ws = [v.load(8, builder.add(wr, builder.mul(const(k), wstepv)))
+                      for k in range(KW)]
+                out = list(sums) if sums is not None else [None] * count
+                for k in range(KW):
+                    for p in range(count):
+                        t = tap(p, k)
+                        if sums is None and k == 0:
+                            out[p] = builder.fmul(t, ws[k])
+                            continue
+                        new = builder.call(fma, [t, ws[k], out[p]])
+                        out[p] = new if edge is None else builder.select(
+                            edge[key(p, k)][1], new, out[p])
+                outs.append(out)
+            return outs
 
-            def group(k0, gs, count, mode, masked=False):
-                """The block of ``count`` pixels from k0 in each channel group of
-                ``gs``, their sums side by side (independent chains of
-                multiply-adds, each in the order of its taps)."""
-                gs = gs if isinstance(gs, list) else [gs]
-                goffs = [builder.mul(g, const(width)) for g in gs]
-                bases = [builder.add(builder.add(s0v, builder.mul(g, const(width // REP))),
-                                     builder.mul(k0, sstepv)) for g in gs]
-                wgs = [builder.add(w0v, goff) for goff in goffs]
+        def group(k0, gs, count, mode, masked=False):
+            """The block of ``count`` pixels from k0 in each channel group of
+            ``gs``, their sums side by side (independent chains of
+            multiply-adds, each in the order of its taps)."""
+            gs = gs if isinstance(gs, list) else [gs]
+            goffs = [builder.mul(g, const(width)) for g in gs]
+            bases = [builder.add(builder.add(s0v, builder.mul(g, const(width // REP))),
+                                 builder.mul(k0, sstepv)) for g in gs]
+            wgs = [builder.add(w0v, goff) for goff in goffs]
 
-                def rows_of(r, sums, edge=None):
-                    out = []
+            def rows_of(r, sums, edge=None):
+                out = []
+                for i, (base, wg) in enumerate(zip(bases, wgs)):
+                    out += row_taps(base, wg, r, None if sums is None else
+                                    sums[i * count:(i + 1) * count], count, mode, edge)
+                return out
+            if PAIR:
+                # two output rows, the second's window one input row further
+                # down: each input row loaded once for both. Every sum starts at
+                # -0 (fma(x, w, -0) is x*w rounded alone, to the bit)
+                edge = clamps(k0, count, mode) if masked else None
+                nsums = count * len(gs)
+                zero = [ir.Constant(v.vty, [-0.0] * width)] * nsums
+
+                def both(r, uses):
+                    """Input row r into each (window row, sums) of ``uses``."""
+                    outs = [[] for _ in uses]
                     for i, (base, wg) in enumerate(zip(bases, wgs)):
-                        out += row_taps(base, wg, r, None if sums is None else
-                                        sums[i * count:(i + 1) * count], count, mode, edge)
-                    return out
-                if PAIR:
-                    # two output rows, the second's window one input row further
-                    # down: each input row loaded once for both. Every sum starts at
-                    # -0 (fma(x, w, -0) is x*w rounded alone, to the bit)
-                    edge = clamps(k0, count, mode) if masked else None
-                    nsums = count * len(gs)
-                    zero = [ir.Constant(v.vty, [-0.0] * width)] * nsums
+                        got = row_uses(base, wg, r, [
+                            (wr_at, sums[i * count:(i + 1) * count])
+                            for wr_at, sums in uses], count, mode, edge)
+                        for o, g in zip(outs, got):
+                            o += g
+                    return outs
+                first = both(const(0), [(const(0), zero)])[0]
 
-                    def both(r, uses):
-                        """Input row r into each (window row, sums) of ``uses``."""
-                        outs = [[] for _ in uses]
-                        for i, (base, wg) in enumerate(zip(bases, wgs)):
-                            got = row_uses(base, wg, r, [
-                                (wr_at, sums[i * count:(i + 1) * count])
-                                for wr_at, sums in uses], count, mode, edge)
-                            for o, g in zip(outs, got):
-                                o += g
-                        return outs
-                    first = both(const(0), [(const(0), zero)])[0]
+                def middle(r, sums):
+                    r1 = builder.add(r, const(1))
+                    a, b = both(r1, [(r1, sums[:nsums]), (r, sums[nsums:])])
+                    return a + b
+                sums = v.loop(builder.sub(rowsv, const(1)), first + zero, middle)
+                last = builder.sub(rowsv, const(1))
+                tail = both(rowsv, [(last, sums[nsums:])])[0]
+                rows_out = [(d0v, sums[:nsums]), (builder.add(d0v, drowv), tail)]
+            elif masked:
+                # every sum starts at -0 and takes each tap inside by a fused
+                # multiply-add: fma(x, w, -0) is x*w rounded alone, to the bit
+                edge = clamps(k0, count, mode)
+                start = [ir.Constant(v.vty, [-0.0] * width)] * (count * len(gs))
+                sums = v.loop(rowsv, start, lambda r, sums: rows_of(r, sums, edge))
+                rows_out = [(d0v, sums)]
+            else:
+                sums = v.loop(builder.sub(rowsv, const(1)), rows_of(const(0), None),
+                              lambda r, sums: rows_of(builder.add(r, const(1)), sums))
+                rows_out = [(d0v, sums)]
+            for dbase, sums in rows_out:
+                for i, goff in enumerate(goffs):
+                    dg = builder.add(dbase, goff)
+                    for p in range(count):
+                        k = builder.add(k0, const(p))
+                        v.put(sums[i * count + p], 0,
+                              builder.add(dg, builder.mul(k, dstepv)), NT)
+            return []
 
-                    def middle(r, sums):
-                        r1 = builder.add(r, const(1))
-                        a, b = both(r1, [(r1, sums[:nsums]), (r, sums[nsums:])])
-                        return a + b
-                    sums = v.loop(builder.sub(rowsv, const(1)), first + zero, middle)
-                    last = builder.sub(rowsv, const(1))
-                    tail = both(rowsv, [(last, sums[nsums:])])[0]
-                    rows_out = [(d0v, sums[:nsums]), (builder.add(d0v, drowv), tail)]
-                elif masked:
-                    # every sum starts at -0 and takes each tap inside by a fused
-                    # multiply-add: fma(x, w, -0) is x*w rounded alone, to the bit
-                    edge = clamps(k0, count, mode)
-                    start = [ir.Constant(v.vty, [-0.0] * width)] * (count * len(gs))
-                    sums = v.loop(rowsv, start, lambda r, sums: rows_of(r, sums, edge))
-                    rows_out = [(d0v, sums)]
-                else:
-                    sums = v.loop(builder.sub(rowsv, const(1)), rows_of(const(0), None),
-                                  lambda r, sums: rows_of(builder.add(r, const(1)), sums))
-                    rows_out = [(d0v, sums)]
-                for dbase, sums in rows_out:
-                    for i, goff in enumerate(goffs):
-                        dg = builder.add(dbase, goff)
-                        for p in range(count):
-                            k = builder.add(k0, const(p))
-                            v.put(sums[i * count + p], 0,
-                                  builder.add(dg, builder.mul(k, dstepv)), NT)
+        def checked(k0, g, count, mode):
+            """:func:`group`, masked where the block's windows reach past the
+            edges (the first and last taps of its first and last pixels: the
+            extreme columns)."""
+            if not EDGES:
+                return group(k0, g, count, mode)
+            last = builder.add(k0, const(count - 1))
+            ends = [cols.inside(cols.column(k, j)) for k in (k0, last) for j in (0, KW - 1)]
+            whole = ends[0]
+            for e in ends[1:]:
+                whole = builder.and_(whole, e)
+            with builder.if_else(whole) as (hit, miss):
+                with hit:
+                    group(k0, g, count, mode)
+                with miss:
+                    group(k0, g, count, mode, True)
+            return []
+
+        # two groups' blocks side by side: 8 chains of multiply-adds in flight
+        # (registers for 8 sums and 2 window rows of weights: AVX-512's 32)
+        PAIRS = width == 16 and PAIRED and not PAIR
+
+        def layout(size):
+            """(blocks, singles, block_start) of blocks of ``size`` pixels:
+            ceil(n / size) blocks, the last one ending at pixel n (it overlaps
+            the one before and stores the same values again, as each pixel's
+            sums are formed the same way in any block): no single-pixel tail,
+            whose chain of dependent multiply-adds cost up to a third of a
+            56-pixel row; single pixels only when n < size."""
+            full = builder.icmp_signed(">=", nv, const(size))
+            blocks = builder.select(full, builder.sdiv(builder.add(nv, const(size - 1)),
+                                                       const(size)), const(0))
+            singles = builder.select(full, const(0), nv)
+            last = builder.sub(nv, const(size))
+
+            def block_start(j):
+                k = builder.mul(j, const(size))
+                return builder.select(builder.icmp_signed("<", k, last), k, last)
+            return blocks, singles, block_start
+
+        def run(mode, size=BLOCK):
+            blocks, singles, block_start = layout(size)
+            if TOG == 1:
+                # one group at a time across the row, in loops of its own: the
+                # loops below with chunks of one group ran the 5x5 stride-2
+                # phases 1.1-1.4x slower (32x56x72: 1.30 / 1.46-1.78 ms)
+                def one(g, _):
+                    v.loop(blocks, [], lambda j, _: checked(block_start(j), g, size, mode))
+                    v.loop(singles, [], lambda j, _: checked(j, g, 1, None))
+                    return []
+                v.loop(gv, [], one)
+                return
+            per = const(TOG)
+
+            def groups_of(c, fn, paired):
+                g0 = builder.mul(c, per)
+                left = builder.sub(gv, g0)
+                count = builder.select(builder.icmp_signed("<", left, per), left, per)
+                if not paired:
+                    v.loop(count, [], lambda i, _: fn(builder.add(g0, i)))
+                    return []
+                two = const(2)
+                pairs = builder.sdiv(count, two)
+                v.loop(pairs, [], lambda i, _: fn(
+                    [builder.add(g0, builder.mul(i, two)),
+                     builder.add(g0, builder.add(builder.mul(i, two), const(1)))]))
+                v.loop(builder.sub(count, builder.mul(pairs, two)), [],
+                       lambda i, _: fn(builder.add(g0, builder.sub(count, const(1)))))
                 return []
 
-            def checked(k0, g, count, mode):
-                """:func:`group`, masked where the block's windows reach past the
-                edges (the first and last taps of its first and last pixels: the
-                extreme columns)."""
-                if not EDGES:
-                    return group(k0, g, count, mode)
-                last = builder.add(k0, const(count - 1))
-                ends = [cols.inside(cols.column(k, j)) for k in (k0, last) for j in (0, KW - 1)]
-                whole = ends[0]
-                for e in ends[1:]:
-                    whole = builder.and_(whole, e)
-                with builder.if_else(whole) as (hit, miss):
-                    with hit:
-                        group(k0, g, count, mode)
-                    with miss:
-                        group(k0, g, count, mode, True)
+            def across(c, paired):
+                v.loop(blocks, [], lambda j, _: groups_of(
+                    c, lambda g: checked(block_start(j), g, size, mode), paired))
+                v.loop(singles, [], lambda j, _: groups_of(
+                    c, lambda g: checked(j, g, 1, None), paired))
                 return []
+            chunks = builder.sdiv(builder.add(gv, const(TOG - 1)), per)
+            # blocks of 7 one group at a time: paired, their 14 sums left little
+            # room (N=8 14x14x672 5x5 forward 0.31-0.38 -> 0.30-0.37 ms unpaired,
+            # 14x14x384 7x7 0.34-0.44 -> 0.32-0.38; N=32 even)
+            v.loop(chunks, [], lambda c, _: across(c, PAIRS and size != SEVEN_BLOCK))
 
-            # two groups' blocks side by side: 8 chains of multiply-adds in flight
-            # (registers for 8 sums and 2 window rows of weights: AVX-512's 32)
-            PAIRS = width == 16 and PAIRED and not PAIR
+        def sevens(kw):
+            """Whether the row takes blocks of SEVEN_BLOCK pixels (at column steps of
+            one pixel): rows of 7 or 14 pixels, or, for windows at least
+            SEVEN_TAPS wide, any multiple of 7 pixels."""
+            if kw >= SEVEN_TAPS:
+                return builder.icmp_signed("==", builder.srem(nv, const(SEVEN_BLOCK)),
+                                           const(0))
+            return builder.or_(builder.icmp_signed("==", nv, const(SEVEN_BLOCK)),
+                               builder.icmp_signed("==", nv, const(2 * SEVEN_BLOCK)))
 
-            def layout(size):
-                """(blocks, singles, block_start) of blocks of ``size`` pixels:
-                ceil(n / size) blocks, the last one ending at pixel n (it overlaps
-                the one before and stores the same values again, as each pixel's
-                sums are formed the same way in any block): no single-pixel tail,
-                whose chain of dependent multiply-adds cost up to a third of a
-                56-pixel row; single pixels only when n < size."""
-                full = builder.icmp_signed(">=", nv, const(size))
-                blocks = builder.select(full, builder.sdiv(builder.add(nv, const(size - 1)),
-                                                           const(size)), const(0))
-                singles = builder.select(full, const(0), nv)
-                last = builder.sub(nv, const(size))
+        def dispatch(modes):
+            if modes[0] is None:
+                run(None)
+                return
+            step = builder.mul(colv, const(modes[0]))
+            with builder.if_else(builder.icmp_signed("==", sstepv, step)) as (hit, miss):
+                with hit:
+                    # not for the 8-lane tail group or a multiplier's repeats: code
+                    # to compile for little of the work
+                    if SEVENS and width == WIDE and REP == 1 and modes[0] in (-1, 1) and not PAIR:
+                        with builder.if_else(sevens(KW)) as (seven, other):
+                            with seven:
+                                run(modes[0], SEVEN_BLOCK)
+                            with other:
+                                run(modes[0])
+                    else:
+                        run(modes[0])
+                with miss:
+                    dispatch(modes[1:])
 
-                def block_start(j):
-                    k = builder.mul(j, const(size))
-                    return builder.select(builder.icmp_signed("<", k, last), k, last)
-                return blocks, singles, block_start
+        dispatch(STEPS)
+        return context.get_dummy_value()
 
-            def run(mode, size=BLOCK):
-                blocks, singles, block_start = layout(size)
-                if TOG == 1:
-                    # one group at a time across the row, in loops of its own: the
-                    # loops below with chunks of one group ran the 5x5 stride-2
-                    # phases 1.1-1.4x slower (32x56x72: 1.30 / 1.46-1.78 ms)
-                    def one(g, _):
-                        v.loop(blocks, [], lambda j, _: checked(block_start(j), g, size, mode))
-                        v.loop(singles, [], lambda j, _: checked(j, g, 1, None))
-                        return []
-                    v.loop(gv, [], one)
-                    return
-                per = const(TOG)
-
-                def groups_of(c, fn, paired):
-                    g0 = builder.mul(c, per)
-                    left = builder.sub(gv, g0)
-                    count = builder.select(builder.icmp_signed("<", left, per), left, per)
-                    if not paired:
-                        v.loop(count, [], lambda i, _: fn(builder.add(g0, i)))
-                        return []
-                    two = const(2)
-                    pairs = builder.sdiv(count, two)
-                    v.loop(pairs, [], lambda i, _: fn(
-                        [builder.add(g0, builder.mul(i, two)),
-                         builder.add(g0, builder.add(builder.mul(i, two), const(1)))]))
-                    v.loop(builder.sub(count, builder.mul(pairs, two)), [],
-                           lambda i, _: fn(builder.add(g0, builder.sub(count, const(1)))))
-                    return []
-
-                def across(c, paired):
-                    v.loop(blocks, [], lambda j, _: groups_of(
-                        c, lambda g: checked(block_start(j), g, size, mode), paired))
-                    v.loop(singles, [], lambda j, _: groups_of(
-                        c, lambda g: checked(j, g, 1, None), paired))
-                    return []
-                chunks = builder.sdiv(builder.add(gv, const(TOG - 1)), per)
-                # blocks of 7 one group at a time: paired, their 14 sums left little
-                # room (N=8 14x14x672 5x5 forward 0.31-0.38 -> 0.30-0.37 ms unpaired,
-                # 14x14x384 7x7 0.34-0.44 -> 0.32-0.38; N=32 even)
-                v.loop(chunks, [], lambda c, _: across(c, PAIRS and size != SEVEN_BLOCK))
-
-            def sevens(kw):
-                """Whether the row takes blocks of SEVEN_BLOCK pixels (at column steps of
-                one pixel): rows of 7 or 14 pixels, or, for windows at least
-                SEVEN_TAPS wide, any multiple of 7 pixels."""
-                if kw >= SEVEN_TAPS:
-                    return builder.icmp_signed("==", builder.srem(nv, const(SEVEN_BLOCK)),
-                                               const(0))
-                return builder.or_(builder.icmp_signed("==", nv, const(SEVEN_BLOCK)),
-                                   builder.icmp_signed("==", nv, const(2 * SEVEN_BLOCK)))
-
-            def dispatch(modes):
-                if modes[0] is None:
-                    run(None)
-                    return
-                step = builder.mul(colv, const(modes[0]))
-                with builder.if_else(builder.icmp_signed("==", sstepv, step)) as (hit, miss):
-                    with hit:
-                        # not for the 8-lane tail group or a multiplier's repeats: code
-                        # to compile for little of the work
-                        if SEVENS and width == WIDE and REP == 1 and modes[0] in (-1, 1) and not PAIR:
-                            with builder.if_else(sevens(KW)) as (seven, other):
-                                with seven:
-                                    run(modes[0], SEVEN_BLOCK)
-                                with other:
-                                    run(modes[0])
-                        else:
-                            run(modes[0])
-                    with miss:
-                        dispatch(modes[1:])
-
-            dispatch(STEPS)
-            return context.get_dummy_value()
-
-        return sig, codegen
+    return sig, codegen
 
 
 def _taps_row_pairs(width):
