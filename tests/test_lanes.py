@@ -247,6 +247,34 @@ def test_rows_in_pairs(route, monkeypatch, k, channels, multiplier, width, heigh
     _assert_lanes_give_row_bits(route, xs, fs, attrs, seed=height + k)
 
 
+@pytest.mark.parametrize("k, height, strides, dilations, padding", [
+    ((3, 3), 9, (1, 1), (1, 1), "SAME"), ((3, 3), 9, (1, 1), (1, 1), "VALID"),
+    ((3, 3), 10, (2, 2), (1, 1), "SAME"), ((3, 3), 11, (1, 1), (2, 2), "SAME"),
+    ((3, 3), 7, (2, 1), (2, 1), "VALID"), ((1, 3), 6, (1, 1), (1, 1), "SAME")])
+@pytest.mark.parametrize("partials", [1, 2, 7])
+def test_filter_gradient_sums_rows_several_at_a_time(route, monkeypatch, k, height, strides,
+                                                     dilations, padding, partials):
+    """The filter gradient's rows whose windows lie inside the map go through
+    ``simd.dots_rows`` several at a time (``lanes._LINES``): runs that stop at an
+    image's last such row and at a partial filter's last row (7 partials end
+    inside images), strides and dilations in rows, a last group of 8 channels:
+    the reference's values."""
+    monkeypatch.setattr(driver, "_lane_partials", lambda plan, channels: partials)
+    xs, fs = (5, height, 12, 40), k + (40, 1)
+    attrs = dict(strides=[1, *strides, 1], padding=padding, dilations=[1, *dilations, 1])
+    seen = route(True)
+    seen.clear()
+    rng = np.random.default_rng(height * partials)
+    x = rng.standard_normal(xs).astype(np.float32)
+    y = F(x, rng.standard_normal(fs).astype(np.float32), **attrs)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    got = BF(x, list(fs), dy, **attrs)
+    assert any(seen)
+    want = R.raw_backprop_filter(x.astype(np.float64), list(fs), dy.astype(np.float64),
+                                 **attrs)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("k, channels, strides, dilations", [
     ((5, 5), 520, (1, 1), (1, 1)), ((7, 7), 264, (1, 1), (1, 2)), ((5, 5), 496, (2, 2), (1, 1))])
 @pytest.mark.parametrize("padding", ["SAME", "VALID"])

@@ -607,29 +607,31 @@ def _dots_want(acc, x, g, a0, arow, astep, s0, sstep, rowstep, colstep, g0, gste
 # 40 channels: groups in pairs and one alone (in 8 lanes: 2 pairs and 1; in 16:
 # a pair, then a last 8); pixel steps of 1 and 2 column steps share input loads.
 # Edges: the map's column -1 and its last column + 1 are real data in x, which
-# the sums must leave out.
+# the sums must leave out. Lines: 1, or 3 rows of pixels whose x and g lie 60 and 7
+# pixels further on each, summed in the same registers.
 @pytest.mark.parametrize("channels", [8, 40])
 @pytest.mark.parametrize("step", [1, 2, 3], ids=["shared", "stride2", "other"])
 @pytest.mark.parametrize("n", [1, 6])
 @pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("edges", [False, True], ids=["inside", "edges"])
-def test_dots_rows_adds_each_taps_sum(lanes, channels, step, n, rows, edges):
+@pytest.mark.parametrize("lines", [1, 3])
+def test_dots_rows_adds_each_taps_sum(lanes, channels, step, n, rows, edges, lines):
     dots_rows = lanes("dots_rows")
 
     @_once(simd.WIDE)
     def run(acc, a0, astep, x, s0, sstep, rowstep, colstep, g, g0, gstep, n, channels, rows,
-            edges):
+            edges, lines, xline, gline):
         if rows == 1:
             dots_rows(acc, a0, astep, x, s0, sstep, rowstep, colstep, g, g0, gstep, n,
-                      channels, 1, 3, 1, edges)
+                      channels, 1, 3, 1, edges, lines, xline, gline)
         else:
             dots_rows(acc, a0, astep, x, s0, sstep, rowstep, colstep, g, g0, gstep, n,
-                      channels, 3, 3, 1, edges)
+                      channels, 3, 3, 1, edges, lines, xline, gline)
 
-    rng = np.random.default_rng(channels + 7 * n + rows)
+    rng = np.random.default_rng(channels + 7 * n + rows + 100 * lines)
     C = channels + 8
-    x = rng.standard_normal(200 * C).astype(np.float32)
-    g = rng.standard_normal(20 * C).astype(np.float32)
+    x = rng.standard_normal(400 * C).astype(np.float32)
+    g = rng.standard_normal(30 * C).astype(np.float32)
     acc = rng.standard_normal(12 * C).astype(np.float32)
     colstep, rowstep = C, 50 * C
     sstep = step * colstep
@@ -651,9 +653,12 @@ def test_dots_rows_adds_each_taps_sum(lanes, channels, step, n, rows, edges):
 
         def inside(k, j):
             return True
-    want = _dots_want(acc, x, g, 3, 3 * C, C, s0, sstep, rowstep, colstep, 5, C, n, rows, 3,
-                      channels, inside)
-    run(acc, 3, C, x, s0, sstep, rowstep, colstep, g, 5, C, n, channels, rows, spec)
+    want = acc
+    for o in range(lines):
+        want = _dots_want(want, x, g, 3, 3 * C, C, s0 + o * 60 * C, sstep, rowstep, colstep,
+                          5 + o * 7 * C, C, n, rows, 3, channels, inside)
+    run(acc, 3, C, x, s0, sstep, rowstep, colstep, g, 5, C, n, channels, rows, spec, lines,
+        60 * C, 7 * C)
     np.testing.assert_allclose(acc, want, rtol=1e-5, atol=1e-5)
     touched = np.zeros(acc.size, bool)
     for t in range(rows * 3):

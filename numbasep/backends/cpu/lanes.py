@@ -34,11 +34,13 @@ sub-window, whose taps sit one output-gradient pixel apart, so each phase is a
 stride-1 gather over pixels a stride apart. The filter gradient sums the
 products of each output-gradient row with the window rows it reads in registers
 (:func:`.simd.dots_rows`); with 3x3 windows the side pixels join the same
-pass, their taps outside the map masked off. The forward and the filter gradient also take depth
-multipliers 2, 4 and 8, reading each input vector once and repeating its
-channels in registers for their output channels; the stride-1 input gradient
-takes them too, computing each row's gradient of the repeated input in a
-scratch row and summing its groups of channels from there.
+pass, their taps outside the map masked off, and consecutive rows whose
+windows lie inside the map share one pass (``_LINES``). The forward and the
+filter gradient also take depth multipliers 2, 4 and 8, reading each input
+vector once and repeating its channels in registers for their output
+channels; the stride-1 input gradient takes them too, computing each row's
+gradient of the repeated input in a scratch row and summing its groups of
+channels from there.
 
 ``separable_forward`` fuses the forward with a separable convolution's
 pointwise step: each part of the rows computes a few depthwise rows into a
@@ -218,6 +220,27 @@ _INLINED_ROW = 3
 # gradient 12.7 -> 18.7).
 _PAIR_ROWS = True
 _PAIR_MIN_RUN = 8
+# The filter gradient sums consecutive rows of an image whose windows lie inside
+# the map (3x3 windows and rows of taps: all window rows in one pass) in one
+# call of :func:`.simd.dots_rows`, up to this many (1: a row a call), where the
+# operands stay in the caches (no asks) and a row is one piece: the taps' sums
+# stay in registers from the first row to the last instead of being loaded and
+# stored every row, and each channel group's input rows are read again while
+# still in L1. The same products in the same order, so the same bits. Zen 4, 2
+# threads, NHWC, alternating processes each with its own cache, a row a call /
+# several (ms), medians of 4: N=1 56x56x144 0.090 / 0.074, stride 2 0.052 /
+# 0.041, 14x14x384 0.037 / 0.031, 14x14x576 0.047 / 0.040, 28x28x192 0.046 /
+# 0.039; N=8 56x56x144 stride 2 0.446 / 0.339, 28x28x192 0.248 / 0.190,
+# 14x14x576 0.244 / 0.181, 14x14x384 0.161 / 0.128; even: N=1 112x112x32,
+# 19x19x728, 112x112x96 stride 2, N=32 7x7x960 (5 such rows an image) 0.416 /
+# 0.472, N=8 0.131 / 0.112. Medians of 6, another run: N=8 28x28x192 0.280 /
+# 0.210, 14x14x576 0.251 / 0.209; within the noise: N=1 56x56x144 0.100 /
+# 0.107, N=8 56x56x144 stride 2 0.438 / 0.487 (medians of the minima 0.378 /
+# 0.355), N=32 7x7x960 0.419 / 0.425. The noise of those runs: N=1
+# 147x147x128, whose rows are too long to change, ran 1.76 / 1.40 and 1.195 /
+# 1.171. 1 thread, 4 alternating processes, minima: N=8 28x28x192 0.45 / 0.34,
+# N=1 56x56x144 0.145 / 0.118, N=32 7x7x960 0.71 / 0.72.
+_LINES = 1 << 30
 
 
 @njit(inline="always")
@@ -772,7 +795,7 @@ def _side(i, a, b):
 
 @njit(inline="always")
 def _dots(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, M, edges,
-          ahead, split):
+          ahead, split, lines, xline, gline):
     """Add into ``part`` (flat ``[kh, kw, c]``, from ``a0``) the products of ``run``
     output-gradient pixels from ``dy[g0]`` (``C`` apart) with the ``rows`` x KW
     window taps they read from ``src``, pixel k's tap (r, j) at ``src[s0 +
@@ -786,7 +809,9 @@ def _dots(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, 
     ``_CHANNEL_PIECES`` (rows of whole windows: ``_WINDOW_CHANNEL_PIECES``, or
     at strides above 1 ``_STRIDED_CHANNEL_PIECES``) says; with ``split``
     (operands from memory, ``_SPLIT_BYTES``) each piece of the channels is cut
-    into pieces of its pixels too."""
+    into pieces of its pixels too. ``lines``: rows of pixels summed in the same
+    registers, ``xline`` and ``gline`` elements of ``src`` and ``dy`` apart (in
+    one piece only: ``_LINES``)."""
     asked = max(ahead[1] - ahead[0], ahead[3] - ahead[2])
     wanted = _piece_count(asked, src.itemsize)
     units = _channel_units(C)
@@ -812,12 +837,12 @@ def _dots(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, 
         _ask_share(src, ahead[0], ahead[1], i, pieces)
         _ask_share(dy, ahead[2], ahead[3], i, pieces)
         _dots_piece(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, k, min(n, run - k),
-                    c0, c1, rows, KW, M, edges)
+                    c0, c1, rows, KW, M, edges, lines, xline, gline)
 
 
 @njit(nogil=True, cache=True)
 def _dots_piece(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, k, m, c0, c1, rows, KW,
-                M, edges):
+                M, edges, lines, xline, gline):
     """:func:`.simd.dots_rows` for pixels [k, k + m) and channels [c0, c1) of
     :func:`_dots`' row."""
     literally(rows)
@@ -827,13 +852,14 @@ def _dots_piece(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, k, m, c0,
     g = g0 + k * C + c0
     if edges is None:
         _dots_rows(part, a0 + c0, C, src, s, sstep, rowstep, colstep, dy, g, C, m, c1 - c0,
-                   rows, KW, M, None)
+                   rows, KW, M, None, lines, xline, gline)
     else:
         lo = min(max(edges[0] - k, 0), m)
         hi = max(min(edges[1] - k, m), lo)
         _dots_rows(part, a0 + c0, C, src, s, sstep, rowstep, colstep, dy, g, C, m, c1 - c0,
                    rows, KW, M,
-                   (lo, hi, edges[2] + k * edges[3], edges[3], edges[4], edges[5], edges[6]))
+                   (lo, hi, edges[2] + k * edges[3], edges[3], edges[4], edges[5], edges[6]),
+                   lines, xline, gline)
 
 
 @njit(inline="always")
@@ -1093,7 +1119,11 @@ def _build(KH, KW, NT, M):
         part = parts[p]
         part[:] = 0
         pf = part.reshape(KH * KW * C)
-        for job in range(p * rows // P, (p + 1) * rows // P):
+        # the last output row whose window lies inside the map's rows
+        inside = (H - 1 - (KH - 1) * rh + ph) // sh if H - 1 - (KH - 1) * rh + ph >= 0 else -1
+        lined = _LINES > 1 and not ahead and (hi - lo) * C <= _LONG_ROW
+        job, end = p * rows // P, (p + 1) * rows // P
+        while job < end:
             span = ((_ahead(job, rows, OH, sh, -ph, (KH - 1) * rh, H, W * CI)
                      + _ahead(job, rows, OH, 1, 0, 0, OH, OW * C)) if ahead else (0, 0, 0, 0))
             nd, oh = _split(job, OH)
@@ -1103,23 +1133,26 @@ def _build(KH, KW, NT, M):
             # (s0 points at pixel lo's first tap column, which may lie outside)
             s0 = ((n * H + ih0) * W + lo * sw - pw) * CI
             g0 = (job * OW + lo) * C
+            lines = 1
             if lo >= hi or k0 == k1:
                 _ask(xf, span[0], span[1])
                 _ask(dyf, span[2], span[3])
             elif ALL == KH and k0 == 0 and k1 == KH:
+                if lined:
+                    lines = max(1, min(_LINES, end - job, min(OH - 1, inside) - oh + 1))
                 _dots(pf, 0, xf, s0, sw * CI, W * rh * CI, rw * CI, dyf, g0, C, hi - lo,
-                      ALL, KW, M, edges, span, split)
+                      ALL, KW, M, edges, span, split, lines, sh * W * CI, OW * C)
             # (the lines asked for spread over the first window row's pixels)
             elif SIDES:
                 for r in range(k0, k1):
                     _dots(pf, r * KW * C, xf, s0 + r * W * rh * CI, sw * CI, 0, rw * CI,
                           dyf, g0, C, hi - lo, 1, KW, M, None, span if r == k0 else (0, 0, 0, 0),
-                          split)
+                          split, 1, 0, 0)
             else:
                 for r in range(k0, k1):
                     _dots(pf, r * KW * C, xf, s0 + r * W * rh * CI, sw * CI, 0, rw * CI,
                           dyf, g0, C, hi - lo, 1, KW, M, edges,
-                          span if r == k0 else (0, 0, 0, 0), split)
+                          span if r == k0 else (0, 0, 0, 0), split, 1, 0, 0)
             for i in range(a + OW - b if SIDES else 0):
                 ow = _side(i, a, b)
                 iw0 = ow * sw - pw
@@ -1127,6 +1160,7 @@ def _build(KH, KW, NT, M):
                 _dots_pixel(pf, (k0 * KW + j0) * C, KW * C, xf,
                             ((n * H + ih0 + k0 * rh) * W + iw0 + j0 * rw) * CI, W * rh * CI,
                             rw * CI, dyf, (job * OW + ow) * C, C, k1 - k0, j1 - j0, M)
+            job += lines
 
     return (Parallel(forward, lambda x, w, y, *_: y.shape[0] * y.shape[2], 3, per_thread=True),
             Parallel(backprop_input, lambda dy, w, dx, *_: dx.shape[0] * dx.shape[2], 3,

@@ -1046,17 +1046,17 @@ _PAIRED_SUMS = 18
 
 def _dots_rows(width):
     def dots_rows(typingctx, acc, a0, astep, x, s0, sstep, rowstep, colstep, g, g0, gstep, n,
-                  groups, rows, kw, repeat, edges):
+                  groups, rows, kw, repeat, edges, lines, xline, gline):
         ROWS, KW, REP = _taps(rows), _taps(kw), _taps(repeat)
         EDGES = _edges_typed(edges, 7)
         if ROWS is None or KW is None or REP not in _REPEATS or EDGES is None:
             return None
         sig = types.void(acc, a0, astep, x, s0, sstep, rowstep, colstep, g, g0, gstep, n,
-                         groups, rows, kw, repeat, edges)
+                         groups, rows, kw, repeat, edges, lines, xline, gline)
 
         def codegen(context, builder, signature, args):
             (_, a0v, astepv, _, s0v, sstepv, rowv, colv, _, g0v, gstepv, nv, gv, _, _,
-             _, edgesv) = args
+             _, edgesv, linesv, xlinev, glinev) = args
             v = _Lanes(context, builder, signature, args, width)
             ity = s0v.type
             fma = v.fma()
@@ -1067,8 +1067,8 @@ def _dots_rows(width):
             if EDGES:
                 # pixels [lo, hi) have every tap inside; the others are masked
                 lo, hi = (context.cast(builder, builder.extract_value(edgesv, i),
-                                       signature.args[-1][i], types.intp) for i in (0, 1))
-                columns = _Columns(context, builder, edgesv, signature.args[-1], 2, width)
+                                       edges[i], types.intp) for i in (0, 1))
+                columns = _Columns(context, builder, edgesv, edges, 2, width)
             else:
                 lo, hi = const(0), nv
 
@@ -1116,23 +1116,30 @@ def _dots_rows(width):
                 sums = [v.load(0, a) for a in aoffs]
                 taps = ROWS * KW
 
-                def each(k0, count, mode, s, masked=False):
-                    out = []
-                    for i, (xg, gg) in enumerate(at):
-                        out += pixels(xg, gg, k0, count, mode, s[i * taps:(i + 1) * taps],
-                                      masked)
-                    return out
+                def line(o, sums):
+                    here = [(builder.add(xg, builder.mul(o, xlinev)),
+                             builder.add(gg, builder.mul(o, glinev))) for xg, gg in at]
 
-                if EDGES:
-                    # the pixels before the interior, one at a time, masked
-                    sums = v.loop(lo, sums, lambda j, s: each(j, 1, None, s, True))
-                sums = v.loop(blocks, sums, lambda j, s: each(
-                    builder.add(lo, builder.mul(j, const(BLOCK))), BLOCK, mode, s))
-                sums = v.loop(builder.sub(hi, done), sums, lambda j, s: each(
-                    builder.add(done, j), 1, None, s))
-                if EDGES:
-                    sums = v.loop(builder.sub(nv, hi), sums, lambda j, s: each(
-                        builder.add(hi, j), 1, None, s, True))
+                    def each(k0, count, mode, s, masked=False):
+                        out = []
+                        for i, (xg, gg) in enumerate(here):
+                            out += pixels(xg, gg, k0, count, mode, s[i * taps:(i + 1) * taps],
+                                          masked)
+                        return out
+
+                    if EDGES:
+                        # the pixels before the interior, one at a time, masked
+                        sums = v.loop(lo, sums, lambda j, s: each(j, 1, None, s, True))
+                    sums = v.loop(blocks, sums, lambda j, s: each(
+                        builder.add(lo, builder.mul(j, const(BLOCK))), BLOCK, mode, s))
+                    sums = v.loop(builder.sub(hi, done), sums, lambda j, s: each(
+                        builder.add(done, j), 1, None, s))
+                    if EDGES:
+                        sums = v.loop(builder.sub(nv, hi), sums, lambda j, s: each(
+                            builder.add(hi, j), 1, None, s, True))
+                    return sums
+
+                sums = v.loop(linesv, sums, line)
                 for a_, s in zip(aoffs, sums):
                     v.store(s, 0, a_)
                 return []
@@ -1334,16 +1341,18 @@ taps_window = _by_channels(*CHANNEL_ARGS["taps_window"], """For each channel c <
 
 dots_rows = _by_channels(*CHANNEL_ARGS["dots_rows"], """For each channel c < channels (a multiple of 8; as vectors), window row r <
     rows and column j < kw (compile-time constants):
-    ``acc[a0 + c + (r*kw + j)*astep] += sum over pixels k < n of``
-    ``x[s0 + c + k*sstep + r*rowstep + j*colstep] * g[g0 + c + k*gstep]``.
+    ``acc[a0 + c + (r*kw + j)*astep] += sum over lines i < lines and pixels k < n of``
+    ``x[s0 + c + i*xline + k*sstep + r*rowstep + j*colstep] *``
+    ``g[g0 + c + i*gline + k*gstep]``.
 
-    The filter gradient's inner loops over a row of output pixels: the taps'
-    sums held in registers from the first pixel to the last (for two channel
+    The filter gradient's inner loops over ``lines`` rows of output pixels
+    (``edges`` the same for each): the taps' sums held in registers from the
+    first row's first pixel to the last row's last (for two channel
     groups at a time where they fit, ``_PAIRED_SUMS``), each output-gradient
     vector loaded once for all taps and, where the pixel step is one or two
     column steps, each input vector once for all the taps of a block of
-    ``BLOCK`` pixels that read it. Fused multiply-adds in pixel order per tap
-    and lane. 16-bit operands may be bit patterns (:func:`.halves.value`).
+    ``BLOCK`` pixels that read it. Fused multiply-adds in (line, pixel) order
+    per tap and lane. 16-bit operands may be bit patterns (:func:`.halves.value`).
     ``repeat``: as in :func:`taps_rows`, for x.
 
     ``edges``: None, or (lo, hi, c0, cpix, ctap, clim, cstride): the sum leaves
