@@ -129,6 +129,17 @@ def _assert_lanes_give_row_bits(route, xs, fs, attrs, seed):
         np.testing.assert_array_equal(a, b)
 
 
+def _assert_on_lanes(route, xs, fs, attrs, seed, every=False):
+    """The three ops routed to the lanes (every call with ``every``, else at least
+    one): the reference's values, and the row kernels' bits for the forward and
+    the input gradient."""
+    seen = route(True)
+    seen.clear()
+    support.assert_three_ops_match_the_reference(xs, fs, attrs, np.float32)
+    assert all(seen) if every else any(seen)
+    _assert_lanes_give_row_bits(route, xs, fs, attrs, seed=seed)
+
+
 @pytest.mark.parametrize("k, strides, width", [
     ((3, 3), (2, 2), 235), ((5, 5), (2, 2), 238), ((7, 7), (2, 2), 241), ((1, 5), (1, 3), 236),
     ((3, 3), (3, 3), 242)])
@@ -167,11 +178,7 @@ def test_long_rows_in_chunks(route, k, width, dilations, padding):
     assert width % (lanes._LONG_ROW_CHUNK // channels) != 0     # an overlapping last chunk
     xs, fs = (1, 4, width, channels), k + (channels, 1)
     attrs = dict(strides=[1, 1, 1, 1], padding=padding, dilations=[1, *dilations, 1])
-    seen = route(True)
-    seen.clear()
-    support.assert_three_ops_match_the_reference(xs, fs, attrs, np.float32)
-    assert all(seen)
-    _assert_lanes_give_row_bits(route, xs, fs, attrs, seed=width)
+    _assert_on_lanes(route, xs, fs, attrs, seed=width, every=True)
 
 
 def test_long_rows_in_chunks_with_a_depth_multiplier(monkeypatch):
@@ -195,11 +202,7 @@ def test_edge_pixels_in_masked_blocks_or_one_at_a_time(route, size, k, channels,
     assert span == ((0, size) if masked else (k // 2, size - k // 2))
     xs, fs = (2, size, size, channels), (k, k, channels, 1)
     attrs = dict(strides=[1, 1, 1, 1], padding="SAME")
-    seen = route(True)
-    seen.clear()
-    support.assert_three_ops_match_the_reference(xs, fs, attrs, np.float32)
-    assert any(seen)
-    _assert_lanes_give_row_bits(route, xs, fs, attrs, seed=size)
+    _assert_on_lanes(route, xs, fs, attrs, seed=size)
 
 
 @pytest.mark.parametrize("size, k, padding", [
@@ -216,11 +219,7 @@ def test_rows_in_blocks_of_seven(route, size, k, padding):
     assert sevens == ((size, k) != (28, 3))
     xs, fs = (2, size, size, 40), (k, k, 40, 1)
     attrs = dict(strides=[1, 1, 1, 1], padding=padding)
-    seen = route(True)
-    seen.clear()
-    support.assert_three_ops_match_the_reference(xs, fs, attrs, np.float32)
-    assert any(seen)
-    _assert_lanes_give_row_bits(route, xs, fs, attrs, seed=size + k)
+    _assert_on_lanes(route, xs, fs, attrs, seed=size + k)
 
 
 @pytest.mark.parametrize("k, channels, multiplier, width", [
@@ -240,11 +239,7 @@ def test_rows_in_pairs(route, monkeypatch, k, channels, multiplier, width, heigh
     if multiplier > 1:
         _assert_multiplier_in_registers(monkeypatch, xs, fs, attrs, np.float32)
         return
-    seen = route(True)
-    seen.clear()
-    support.assert_three_ops_match_the_reference(xs, fs, attrs, np.float32)
-    assert any(seen)
-    _assert_lanes_give_row_bits(route, xs, fs, attrs, seed=height + k)
+    _assert_on_lanes(route, xs, fs, attrs, seed=height + k)
 
 
 @pytest.mark.parametrize("k, height, strides, dilations, padding", [
@@ -283,11 +278,7 @@ def test_filters_larger_than_l1(route, k, channels, strides, dilations, padding)
     reference's values and the row kernels' bits."""
     xs, fs = (2, 9, 15, channels), k + (channels, 1)
     attrs = dict(strides=[1, *strides, 1], padding=padding, dilations=[1, *dilations, 1])
-    seen = route(True)
-    seen.clear()
-    support.assert_three_ops_match_the_reference(xs, fs, attrs, np.float32)
-    assert any(seen)
-    _assert_lanes_give_row_bits(route, xs, fs, attrs, seed=channels)
+    _assert_on_lanes(route, xs, fs, attrs, seed=channels)
 
 
 def _result(shape, aligned, skip):
