@@ -608,25 +608,28 @@ def _dots_want(acc, x, g, a0, arow, astep, s0, sstep, rowstep, colstep, g0, gste
 # a pair, then a last 8); pixel steps of 1 and 2 column steps share input loads.
 # Edges: the map's column -1 and its last column + 1 are real data in x, which
 # the sums must leave out. Lines: 1, or 3 rows of pixels whose x and g lie 60 and 7
-# pixels further on each, summed in the same registers.
+# pixels further on each, summed in the same registers. Asks: lines of all of x
+# and g asked for across the blocks (where the blocks of pairs of groups take
+# them: a loop of their own), which must leave the sums as they are.
+@pytest.mark.parametrize("asks", [False, True], ids=["quiet", "asking"])
 @pytest.mark.parametrize("channels", [8, 40])
 @pytest.mark.parametrize("step", [1, 2, 3], ids=["shared", "stride2", "other"])
 @pytest.mark.parametrize("n", [1, 6])
 @pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("edges", [False, True], ids=["inside", "edges"])
 @pytest.mark.parametrize("lines", [1, 3])
-def test_dots_rows_adds_each_taps_sum(lanes, channels, step, n, rows, edges, lines):
+def test_dots_rows_adds_each_taps_sum(lanes, channels, step, n, rows, edges, lines, asks):
     dots_rows = lanes("dots_rows")
 
     @_once(simd.WIDE)
     def run(acc, a0, astep, x, s0, sstep, rowstep, colstep, g, g0, gstep, n, channels, rows,
-            edges, lines, xline, gline):
+            edges, lines, xline, gline, asks):
         if rows == 1:
             dots_rows(acc, a0, astep, x, s0, sstep, rowstep, colstep, g, g0, gstep, n,
-                      channels, 1, 3, 1, edges, lines, xline, gline)
+                      channels, 1, 3, 1, edges, lines, xline, gline, asks)
         else:
             dots_rows(acc, a0, astep, x, s0, sstep, rowstep, colstep, g, g0, gstep, n,
-                      channels, 3, 3, 1, edges, lines, xline, gline)
+                      channels, 3, 3, 1, edges, lines, xline, gline, asks)
 
     rng = np.random.default_rng(channels + 7 * n + rows + 100 * lines)
     C = channels + 8
@@ -658,7 +661,7 @@ def test_dots_rows_adds_each_taps_sum(lanes, channels, step, n, rows, edges, lin
         want = _dots_want(want, x, g, 3, 3 * C, C, s0 + o * 60 * C, sstep, rowstep, colstep,
                           5 + o * 7 * C, C, n, rows, 3, channels, inside)
     run(acc, 3, C, x, s0, sstep, rowstep, colstep, g, 5, C, n, channels, rows, spec, lines,
-        60 * C, 7 * C)
+        60 * C, 7 * C, (3, x.size, 0, g.size - 5) if asks else (0, 0, 0, 0))
     np.testing.assert_allclose(acc, want, rtol=1e-5, atol=1e-5)
     touched = np.zeros(acc.size, bool)
     for t in range(rows * 3):

@@ -757,6 +757,27 @@ _WINDOW_CHANNEL_PIECES = 8
 # 1.40-2.41); rows whose asks want fewer pieces than 1.5 a channel piece are
 # not cut (19x19x728).
 _SPLIT_BYTES = 32 << 20
+# Rows of whole 3x3 windows (all window rows in one pass) that ask, with at
+# least a pair of channel groups and pixels one or two column steps apart, are
+# one piece of all their pixels and channels, their asks spread over the
+# blocks of pixels inside :func:`.simd.dots_rows` (``asks``): the pieces above
+# (and the channel pieces' cuts, _SPLIT_BYTES) kept the asks fine but each
+# reloaded its sums, and a piece's calls cost more than its products: 1 thread,
+# N=1 112x112x96 stride 2 from the caches made to take the pieces of N=32,
+# 0.47 ms against 0.12 without asks and 0.15 asking inside; so N=32 ran as
+# fast as the pieces, 14 ms (13.7 GB/s, where one thread reads 27.6). The rows
+# still in pieces: the others (5x5 and 7x7 windows a window row a pass, which
+# lost asking inside: N=32 28x28x240 5x5 2.56 / 3.05 ms, N=8 56x56x96 7x7 1.52
+# / 1.67), and those of too few channels or other steps, where the intrinsic
+# does not ask. Zen 4, 2 threads, NHWC, alternating processes each with its
+# own cache, medians of 3-4 processes' minima, pieces / inside (ms): stride 2 N=32 112x112x96 (193
+# MB) 8.16 / 6.62 (minima; an earlier run 8.1-8.8 / 5.9-6.3), 56x56x144 3.53 /
+# 2.46, N=8 112x112x96 2.07 / 1.05; stride 1 N=32 112x112x32 3.87 / 3.12,
+# 56x56x144 5.48 / 3.61, 28x28x192 1.71 / 1.21, 14x14x576 1.16 / 0.98, N=8
+# 56x56x144 1.09 / 0.86, 19x19x728 0.63 / 0.54, 112x112x32 0.69 / 0.78 (medians
+# 0.84 / 0.86). The same bits (each tap's sums per lane in pixel order either
+# way).
+_ASKS_INSIDE = True
 # Rows of whole windows are cut only into this many pieces or more: 28x28x192
 # N=32 (10 pieces wanted over 6 channel pieces) lost when cut in two, 5x5 rows
 # cut in two gained (medians of 5 pairs, cut in two / whole, ms: 28x28x192 1.72
@@ -809,17 +830,22 @@ def _dots(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, 
     ``_CHANNEL_PIECES`` (rows of whole windows: ``_WINDOW_CHANNEL_PIECES``, or
     at strides above 1 ``_STRIDED_CHANNEL_PIECES``) says; with ``split``
     (operands from memory, ``_SPLIT_BYTES``) each piece of the channels is cut
-    into pieces of its pixels too. ``lines``: rows of pixels summed in the same
+    into pieces of its pixels too; or, for the rows ``_ASKS_INSIDE`` names, one
+    piece asking across its blocks. ``lines``: rows of pixels summed in the same
     registers, ``xline`` and ``gline`` elements of ``src`` and ``dy`` apart (in
     one piece only: ``_LINES``)."""
     asked = max(ahead[1] - ahead[0], ahead[3] - ahead[2])
+    inside = (_ASKS_INSIDE and asked > 0 and rows > 1 and C >= 2 * _WIDE
+              and (sstep == colstep or sstep == 2 * colstep))
     wanted = _piece_count(asked, src.itemsize)
     units = _channel_units(C)
     if rows == 1:
         bound = _CHANNEL_PIECES
     else:
         bound = _STRIDED_CHANNEL_PIECES if sstep > colstep else _WINDOW_CHANNEL_PIECES
-    if asked > 0 and wanted <= bound * units:
+    if inside:
+        across, n = 1, run
+    elif asked > 0 and wanted <= bound * units:
         across = min(units, wanted)             # pieces of the channels
         cuts = (2 * wanted + across) // (2 * across)
         n = _pieces(run, cuts) if split and cuts >= (_WINDOW_CUTS if rows > 1 else 2) else run
@@ -834,17 +860,19 @@ def _dots(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, 
         k = (i - u * along) * n
         c0 = u * units // across * 2 * _WIDE
         c1 = C if u == across - 1 else (u + 1) * units // across * 2 * _WIDE
-        _ask_share(src, ahead[0], ahead[1], i, pieces)
-        _ask_share(dy, ahead[2], ahead[3], i, pieces)
+        if not inside:
+            _ask_share(src, ahead[0], ahead[1], i, pieces)
+            _ask_share(dy, ahead[2], ahead[3], i, pieces)
         _dots_piece(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, k, min(n, run - k),
-                    c0, c1, rows, KW, M, edges, lines, xline, gline)
+                    c0, c1, rows, KW, M, edges, lines, xline, gline,
+                    ahead if inside else (0, 0, 0, 0))
 
 
 @njit(nogil=True, cache=True)
 def _dots_piece(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, k, m, c0, c1, rows, KW,
-                M, edges, lines, xline, gline):
+                M, edges, lines, xline, gline, asks):
     """:func:`.simd.dots_rows` for pixels [k, k + m) and channels [c0, c1) of
-    :func:`_dots`' row."""
+    :func:`_dots`' row, asking for ``asks`` (as its ``ahead``) across them."""
     literally(rows)
     literally(KW)
     literally(M)
@@ -852,14 +880,14 @@ def _dots_piece(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, k, m, c0,
     g = g0 + k * C + c0
     if edges is None:
         _dots_rows(part, a0 + c0, C, src, s, sstep, rowstep, colstep, dy, g, C, m, c1 - c0,
-                   rows, KW, M, None, lines, xline, gline)
+                   rows, KW, M, None, lines, xline, gline, asks)
     else:
         lo = min(max(edges[0] - k, 0), m)
         hi = max(min(edges[1] - k, m), lo)
         _dots_rows(part, a0 + c0, C, src, s, sstep, rowstep, colstep, dy, g, C, m, c1 - c0,
                    rows, KW, M,
                    (lo, hi, edges[2] + k * edges[3], edges[3], edges[4], edges[5], edges[6]),
-                   lines, xline, gline)
+                   lines, xline, gline, asks)
 
 
 @njit(inline="always")

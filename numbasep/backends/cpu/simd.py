@@ -332,6 +332,40 @@ class _Lanes:
     def scalar(self, i, off):
         return self.builder.load(self.builder.gep(self.arrays[i].data, [off]))
 
+    def ask(self, i, lo, hi):
+        """:func:`prefetch` the cache lines of array ``i``'s elements [lo, hi), lo
+        at the start of a line (none where hi <= lo)."""
+        b = self.builder
+        arr = self.arrays[i]
+        per = ir.Constant(lo.type, 64 // self.itemsize(i))
+        count = b.sdiv(b.add(b.sub(hi, lo), b.sub(per, ir.Constant(lo.type, 1))), per)
+
+        def line(k, _):
+            _prefetch_line(b, b.gep(arr.data, [b.add(lo, b.mul(k, per))]))
+            return []
+        self.loop(count, [], line)
+
+    def itemsize(self, i):
+        """Bytes an element of array argument ``i``."""
+        return self.types[i].dtype.bitwidth // 8
+
+    def branches(self, cond, carried, then, other):
+        """``carried = then(carried) if cond else other(carried)``; returns the
+        values."""
+        b = self.builder
+        got = []
+        with b.if_else(cond) as (yes, no):
+            for arm, fn in ((yes, then), (no, other)):
+                with arm:
+                    got.append((fn(carried), b.block))
+        out = []
+        for i, value in enumerate(carried):
+            phi = b.phi(value.type)
+            for vals, block in got:
+                phi.add_incoming(vals[i], block)
+            out.append(phi)
+        return out
+
     def loop(self, n, carried, body):
         """``for k in range(n): carried = body(k, carried)``; returns the final values."""
         b = self.builder
@@ -513,17 +547,21 @@ def prefetch(typingctx, a, i):
 
     def codegen(context, builder, signature, args):
         arr = context.make_array(signature.args[0])(context, builder, args[0])
-        at = builder.gep(arr.data, [context.cast(builder, args[1], signature.args[1],
-                                                   types.intp)])
-        i8p = ir.IntType(8).as_pointer()
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [i8p, _I32, _I32, _I32]),
-            "llvm.prefetch.p0i8")
-        builder.call(fn, [builder.bitcast(at, i8p), ir.Constant(_I32, 0),
-                          ir.Constant(_I32, 2), ir.Constant(_I32, 1)])
+        _prefetch_line(builder, builder.gep(arr.data, [context.cast(
+            builder, args[1], signature.args[1], types.intp)]))
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def _prefetch_line(builder, at):
+    """:func:`prefetch` of the cache line holding the element at pointer ``at``."""
+    i8p = ir.IntType(8).as_pointer()
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [i8p, _I32, _I32, _I32]),
+        "llvm.prefetch.p0i8")
+    builder.call(fn, [builder.bitcast(at, i8p), ir.Constant(_I32, 0), ir.Constant(_I32, 2),
+                      ir.Constant(_I32, 1)])
 
 
 # Output pixels a correlation intrinsic computes at once: independent sums in
@@ -1046,17 +1084,19 @@ _PAIRED_SUMS = 18
 
 def _dots_rows(width):
     def dots_rows(typingctx, acc, a0, astep, x, s0, sstep, rowstep, colstep, g, g0, gstep, n,
-                  groups, rows, kw, repeat, edges, lines, xline, gline):
+                  groups, rows, kw, repeat, edges, lines, xline, gline, asks):
         ROWS, KW, REP = _taps(rows), _taps(kw), _taps(repeat)
         EDGES = _edges_typed(edges, 7)
-        if ROWS is None or KW is None or REP not in _REPEATS or EDGES is None:
+        if ROWS is None or KW is None or REP not in _REPEATS or EDGES is None or not (
+                isinstance(asks, types.UniTuple) and asks.count == 4
+                and isinstance(asks.dtype, types.Integer)):
             return None
         sig = types.void(acc, a0, astep, x, s0, sstep, rowstep, colstep, g, g0, gstep, n,
-                         groups, rows, kw, repeat, edges, lines, xline, gline)
+                         groups, rows, kw, repeat, edges, lines, xline, gline, asks)
 
         def codegen(context, builder, signature, args):
             (_, a0v, astepv, _, s0v, sstepv, rowv, colv, _, g0v, gstepv, nv, gv, _, _,
-             _, edgesv, linesv, xlinev, glinev) = args
+             _, edgesv, linesv, xlinev, glinev, asksv) = args
             v = _Lanes(context, builder, signature, args, width)
             ity = s0v.type
             fma = v.fma()
@@ -1106,8 +1146,35 @@ def _dots_rows(width):
 
             blocks = builder.sdiv(builder.sub(hi, lo), const(BLOCK))
             done = builder.add(lo, builder.mul(blocks, const(BLOCK)))
+            bounds = [tuple(context.cast(builder, builder.extract_value(asksv, k), asks.dtype,
+                                         types.intp) for k in (i, i + 1)) for i in (0, 2)]
+            any_asks = builder.or_(*(builder.icmp_signed("<", a, b) for a, b in bounds))
 
-            def groups_at(gis, mode):
+            def asker(units):
+                """ask(t): block t's share of the asks, x[xa:xb] and g[ga:gb] in
+                equal shares of whole lines, one before each block of each line
+                of each of ``units`` (a pair of groups or one alone)."""
+                shares = builder.mul(builder.mul(units, linesv), blocks)
+                shares = builder.select(builder.icmp_signed(">", shares, const(0)), shares,
+                                        const(1))
+                asking = []
+                for arg, (lo_, hi_) in zip((3, 8), bounds):
+                    per = const(64 // v.itemsize(arg))
+                    lo_ = builder.sub(lo_, builder.srem(lo_, per))
+                    count = builder.sdiv(builder.add(builder.sub(hi_, lo_),
+                                                     builder.sub(per, const(1))), per)
+                    share = builder.mul(builder.sdiv(builder.add(count, builder.sub(
+                        shares, const(1))), shares), per)
+                    asking.append((arg, lo_, hi_, share))
+
+                def ask(t):
+                    for arg, lo_, hi_, share in asking:
+                        a = builder.add(lo_, builder.mul(t, share))
+                        b = builder.add(a, share)
+                        v.ask(arg, a, builder.select(builder.icmp_signed("<", b, hi_), b, hi_))
+                return ask
+
+            def groups_at(gis, mode, unit, ask):
                 goffs = [builder.mul(gi, const(width)) for gi in gis]
                 aoffs = [builder.add(builder.add(a0v, goff), builder.mul(const(t), astepv))
                          for goff in goffs for t in range(ROWS * KW)]
@@ -1130,8 +1197,22 @@ def _dots_rows(width):
                     if EDGES:
                         # the pixels before the interior, one at a time, masked
                         sums = v.loop(lo, sums, lambda j, s: each(j, 1, None, s, True))
-                    sums = v.loop(blocks, sums, lambda j, s: each(
-                        builder.add(lo, builder.mul(j, const(BLOCK))), BLOCK, mode, s))
+
+                    def block(j, s):
+                        return each(builder.add(lo, builder.mul(j, const(BLOCK))), BLOCK,
+                                    mode, s)
+
+                    def asking(j, s):
+                        ask(builder.add(builder.mul(builder.add(builder.mul(unit, linesv), o),
+                                                    blocks), j))
+                        return block(j, s)
+                    if ask is None:
+                        sums = v.loop(blocks, sums, block)
+                    else:
+                        # a loop of its own for rows that ask: in the stride-2
+                        # blocks' loop the asks' arithmetic alone cost a quarter
+                        sums = v.branches(any_asks, sums, lambda s: v.loop(blocks, s, asking),
+                                          lambda s: v.loop(blocks, s, block))
                     sums = v.loop(builder.sub(hi, done), sums, lambda j, s: each(
                         builder.add(done, j), 1, None, s))
                     if EDGES:
@@ -1147,14 +1228,17 @@ def _dots_rows(width):
             def every(mode, pair):
                 if pair:
                     pairs = builder.sdiv(gv, const(2))
+                    # (the pairs at steps 1 and 2 only: an asking loop is a second
+                    # copy of the blocks' loop to compile)
+                    ask = asker(pairs) if mode in (1, 2) and width == WIDE else None
                     v.loop(pairs, [], lambda i, _: groups_at(
                         [builder.mul(i, const(2)), builder.add(builder.mul(i, const(2)),
-                                                               const(1))], mode))
+                                                               const(1))], mode, i, ask))
                     first = builder.mul(pairs, const(2))
                 else:
                     first = const(0)
                 v.loop(builder.sub(gv, first), [], lambda i, _: groups_at(
-                    [builder.add(first, i)], mode))
+                    [builder.add(first, i)], mode, None, None))
 
             pair = 2 * ROWS * KW <= _PAIRED_SUMS
             with builder.if_else(builder.icmp_signed("==", sstepv, colv)) as (hit, miss):
@@ -1362,7 +1446,14 @@ dots_rows = _by_channels(*CHANNEL_ARGS["dots_rows"], """For each channel c < cha
     hi) must have every tap inside; the others are summed one at a time, their
     taps outside loaded from a column inside and left out of the sums by a
     mask, so that a map's side pixels join the sums in registers, in pixel
-    order, with the pixels between them.""")
+    order, with the pixels between them.
+
+    ``asks``: (xa, xb, ga, gb), the cache lines of ``x[xa:xb]`` and ``g[ga:gb]``
+    to ask for (:func:`prefetch`) in equal shares before each block of pixels,
+    where pixels step one or two column steps and groups go in pairs (in the
+    16-lane code on AVX-512 hosts: the 8-lane tail group does not ask); (0,
+    0, 0, 0) asks for none. A loop of its own, so that rows that do not ask
+    run the loop as before.""")
 
 dots_window = _by_channels(*CHANNEL_ARGS["dots_window"], """For each channel c < channels (a multiple of 8; as vectors), row r < rows and
     column j < cols: ``acc[a0 + c + r*arow + j*astep] +=``
