@@ -683,11 +683,13 @@ def test_filter_gradient_of_operands_from_memory(monkeypatch, k, stride, size, c
                                                  beyond, by_channels):
     """Operands above ``lanes._PREFETCH_FILTER_BYTES`` (strided:
     ``lanes._PREFETCH_BYTES``): the filter gradient asks for each job's next
-    rows ahead. Rows of whole 3x3 windows with at least a pair of channel
-    groups, at strides 1 and 2, are one piece that asks across its blocks
+    rows ahead. With operands above ``lanes._SPLIT_BYTES`` too (``beyond``),
+    rows of whole 3x3 windows with at least a pair of channel groups, at
+    strides 1 and 2, are one piece that asks across its blocks
     (:func:`.simd.dots_rows` ``asks``, ``lanes._ASKS_INSIDE``); the others
-    (5x5 windows, 24 channels in 16 lanes) are summed in pieces of their pixels or, for
-    rows that want few pieces for their channels, of its channels
+    (below it, 5x5 windows, 24 channels in 16 lanes) are summed in pieces of
+    their pixels or, for rows that want few pieces for their channels, of its
+    channels
     (``lanes._CHANNEL_PIECES``; 3x3 windows ``lanes._WINDOW_CHANNEL_PIECES``, at
     strides above 1 ``lanes._STRIDED_CHANNEL_PIECES``), and with operands above
     ``lanes._SPLIT_BYTES`` too (``beyond``) each piece of the channels cut into
@@ -702,7 +704,9 @@ def test_filter_gradient_of_operands_from_memory(monkeypatch, k, stride, size, c
     out = -(-size // stride)
     wanted = lanes._piece_count(max(size * stride * c // m, out * c), 4)
     units = lanes._channel_units(c)
-    inside = lanes._ASKS_INSIDE and k == 3 and c >= 2 * simd.WIDE
+    limit = lanes._PREFETCH_BYTES if stride > 1 else lanes._PREFETCH_FILTER_BYTES
+    inside = (lanes._ASKS_INSIDE and k == 3 and c >= 2 * simd.WIDE
+              and (beyond or limit >= lanes._SPLIT_BYTES))
     if lanes._ZEN and not inside:
         if k == 3:
             bound = lanes._STRIDED_CHANNEL_PIECES if stride > 1 else lanes._WINDOW_CHANNEL_PIECES
@@ -720,7 +724,6 @@ def test_filter_gradient_of_operands_from_memory(monkeypatch, k, stride, size, c
     monkeypatch.setattr(driver, "_launch", lambda kern, *a: (ran.append(kern), real(kern, *a)))
     rng = np.random.default_rng(stride + c + m)
     image = (size * size // m + out * out) * c * 4
-    limit = lanes._PREFETCH_BYTES if stride > 1 else lanes._PREFETCH_FILTER_BYTES
     n = (limit if not beyond else max(limit, lanes._SPLIT_BYTES)) // image + 2
     x = numbasep.empty_aligned((n, size, size, c // m))
     x[...] = rng.uniform(-1, 1, x.shape)

@@ -757,26 +757,26 @@ _WINDOW_CHANNEL_PIECES = 8
 # 1.40-2.41); rows whose asks want fewer pieces than 1.5 a channel piece are
 # not cut (19x19x728).
 _SPLIT_BYTES = 32 << 20
-# Rows of whole 3x3 windows (all window rows in one pass) that ask, with at
-# least a pair of channel groups and pixels one or two column steps apart, are
-# one piece of all their pixels and channels, their asks spread over the
-# blocks of pixels inside :func:`.simd.dots_rows` (``asks``): the pieces above
-# (and the channel pieces' cuts, _SPLIT_BYTES) kept the asks fine but each
-# reloaded its sums, and a piece's calls cost more than its products: 1 thread,
-# N=1 112x112x96 stride 2 from the caches made to take the pieces of N=32,
-# 0.47 ms against 0.12 without asks and 0.15 asking inside; so N=32 ran as
-# fast as the pieces, 14 ms (13.7 GB/s, where one thread reads 27.6). The rows
-# still in pieces: the others (5x5 and 7x7 windows a window row a pass, which
-# lost asking inside: N=32 28x28x240 5x5 2.56 / 3.05 ms, N=8 56x56x96 7x7 1.52
-# / 1.67), and those of too few channels or other steps, where the intrinsic
-# does not ask. Zen 4, 2 threads, NHWC, alternating processes each with its
-# own cache, medians of 3-4 processes' minima, pieces / inside (ms): stride 2 N=32 112x112x96 (193
-# MB) 8.16 / 6.62 (minima; an earlier run 8.1-8.8 / 5.9-6.3), 56x56x144 3.53 /
-# 2.46, N=8 112x112x96 2.07 / 1.05; stride 1 N=32 112x112x32 3.87 / 3.12,
-# 56x56x144 5.48 / 3.61, 28x28x192 1.71 / 1.21, 14x14x576 1.16 / 0.98, N=8
-# 56x56x144 1.09 / 0.86, 19x19x728 0.63 / 0.54, 112x112x32 0.69 / 0.78 (medians
-# 0.84 / 0.86). The same bits (each tap's sums per lane in pixel order either
-# way).
+# Rows of whole 3x3 windows (all window rows in one pass) from memory (operands
+# above _SPLIT_BYTES), with at least a pair of channel groups and pixels one or
+# two column steps apart, are one piece of all their pixels and channels, their
+# asks spread over the blocks of pixels inside :func:`.simd.dots_rows`
+# (``asks``): the pieces above and their cuts kept the asks fine, but each
+# piece reloaded its sums and its calls cost more than its products (1 thread,
+# N=1 112x112x96 stride 2 from the caches, made to take the pieces of N=32:
+# 0.47 ms, against 0.12 without asks and 0.15 asking inside), so N=32 ran as
+# slowly as the pieces, 14 ms (13.7 GB/s, where one thread reads 27.6). Zen 4,
+# 2 threads, NHWC, alternating processes each with its own cache, medians of 3
+# processes' minima, pieces / inside (ms): stride 2 N=32 112x112x96 (193 MB)
+# 7.93 / 6.52, 56x56x144 3.17 / 2.16, N=8 112x112x96 (48 MB) 1.80 / 1.00;
+# stride 1 N=32 112x112x32 4.11 / 2.80, 56x56x144 5.10 / 3.64, 28x28x192 1.49
+# / 1.00, 19x19x728 2.72 / 2.15. Operands in the L3 (16 to 32 MB) keep the
+# pieces, faster there (medians of 5, inside / pieces: N=32 14x14x384 0.79 /
+# 0.64, N=8 112x112x32 0.94 / 0.54, 19x19x728 0.64 / 0.55, 56x56x144 1.06 /
+# 0.95), and so do the 5x5 and 7x7 rows (a window row a pass), which lost
+# asking inside (N=32 28x28x240 5x5 2.56 / 3.05, N=8 56x56x96 7x7 1.52 / 1.67),
+# and rows of too few channels or other steps, where the intrinsic does not
+# ask. The same bits either way (each tap's sums per lane in pixel order).
 _ASKS_INSIDE = True
 # Rows of whole windows are cut only into this many pieces or more: 28x28x192
 # N=32 (10 pieces wanted over 6 channel pieces) lost when cut in two, 5x5 rows
@@ -835,7 +835,7 @@ def _dots(part, a0, src, s0, sstep, rowstep, colstep, dy, g0, C, run, rows, KW, 
     registers, ``xline`` and ``gline`` elements of ``src`` and ``dy`` apart (in
     one piece only: ``_LINES``)."""
     asked = max(ahead[1] - ahead[0], ahead[3] - ahead[2])
-    inside = (_ASKS_INSIDE and asked > 0 and rows > 1 and C >= 2 * _WIDE
+    inside = (_ASKS_INSIDE and split and asked > 0 and rows > 1 and C >= 2 * _WIDE
               and (sstep == colstep or sstep == 2 * colstep))
     wanted = _piece_count(asked, src.itemsize)
     units = _channel_units(C)

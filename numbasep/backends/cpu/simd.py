@@ -1206,13 +1206,7 @@ def _dots_rows(width):
                         ask(builder.add(builder.mul(builder.add(builder.mul(unit, linesv), o),
                                                     blocks), j))
                         return block(j, s)
-                    if ask is None:
-                        sums = v.loop(blocks, sums, block)
-                    else:
-                        # a loop of its own for rows that ask: in the stride-2
-                        # blocks' loop the asks' arithmetic alone cost a quarter
-                        sums = v.branches(any_asks, sums, lambda s: v.loop(blocks, s, asking),
-                                          lambda s: v.loop(blocks, s, block))
+                    sums = v.loop(blocks, sums, block if ask is None else asking)
                     sums = v.loop(builder.sub(hi, done), sums, lambda j, s: each(
                         builder.add(done, j), 1, None, s))
                     if EDGES:
@@ -1228,12 +1222,20 @@ def _dots_rows(width):
             def every(mode, pair):
                 if pair:
                     pairs = builder.sdiv(gv, const(2))
-                    # (the pairs at steps 1 and 2 only: an asking loop is a second
-                    # copy of the blocks' loop to compile)
-                    ask = asker(pairs) if mode in (1, 2) and width == WIDE else None
-                    v.loop(pairs, [], lambda i, _: groups_at(
-                        [builder.mul(i, const(2)), builder.add(builder.mul(i, const(2)),
-                                                               const(1))], mode, i, ask))
+                    def pairs_of(ask):
+                        v.loop(pairs, [], lambda i, _: groups_at(
+                            [builder.mul(i, const(2)), builder.add(builder.mul(i, const(2)),
+                                                                   const(1))], mode, i, ask))
+                        return []
+                    if mode in (1, 2) and width == WIDE:
+                        # the pairs again, asking, for rows that ask (at steps
+                        # 1 and 2 only: code to compile again): in the blocks'
+                        # loop the asks' arithmetic alone cost stride-2 rows a
+                        # quarter, a branch per pair 8 % on 14x14 maps
+                        v.branches(any_asks, [], lambda _: pairs_of(asker(pairs)),
+                                   lambda _: pairs_of(None))
+                    else:
+                        pairs_of(None)
                     first = builder.mul(pairs, const(2))
                 else:
                     first = const(0)
