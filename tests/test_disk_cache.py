@@ -70,11 +70,80 @@ def test_a_new_process_compiles_nothing_the_cache_holds():
     for family in ("kernels", "lanes", "tiles", "planes", "halves", "groups"):
         assert f"numbasep.backends.cpu.{family}" in modules, (family, sorted(modules))
     names = {name for _, name, _, _ in second}
-    assert "_build.<locals>.forward_cf" in names and "_build.<locals>.forward_cl" in names, names
+    # (each factory's kernels named after its key: cache_key.instance)
+    assert any(n.startswith("_build.<locals>.forward_cf_") for n in names), names
+    assert any(n.startswith("_build.<locals>.forward_cl_") for n in names), names
     assert sorted(map(tuple, second)) and len(second) >= 10, (first, second)
     recompiled = [(m, name, misses) for m, name, _, misses in second if misses]
     assert not recompiled, f"compiled again in a new process: {recompiled}"
     assert all(hits for _, _, hits, _ in second)
+
+
+CLOSURES = r"""
+import sys
+import numpy as np
+import numbasep as nb
+from numbasep.backends.cpu import driver
+from numba import typeof, types
+real, ran, loading = driver._launch, [], False
+
+
+def spy(kern, *args):
+    if loading and hasattr(kern, "task"):     # only load its code: no address taken
+        kern.task.compile((types.int64, types.int64) + tuple(map(typeof, args)))
+        return
+    ran.append(kern.py_func.__qualname__)
+    real(kern, *args)
+
+
+driver._launch = spy
+worst = 0.0
+for arg in sys.argv[1:]:
+    loading, k = arg.startswith("load"), int(arg[-1])
+    rng = np.random.default_rng(k)
+    x = rng.standard_normal((2, 5, 6, 2)).astype(np.float32)
+    w = rng.standard_normal((k, k, 2, 2)).astype(np.float32)
+    y = nb.depthwise_conv2d_native(x, w, [1, 1, 1, 1], "VALID")
+    want = np.zeros(y.shape)
+    for i in range(k):
+        for j in range(k):
+            want += np.repeat(x[:, i:i + 6 - k, j:j + 7 - k], 2, axis=3) * w[i, j].reshape(4)
+    if not loading:
+        worst = max(worst, float(np.abs(y - want).max()))
+print(worst, *ran)
+"""
+
+
+def test_kernels_of_one_factory_compiled_in_two_processes_keep_their_own_code(tmp_path):
+    # The generic row kernels and the 3x3 ones are closures of one factory
+    # (kernels._build). Compiled by two processes in the same order, each got the
+    # same symbol name from Numba; a process that loaded both from the cache then
+    # ran the first one's code for the second (cache_key.instance).
+    import os
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+
+    def run(*windows):
+        proc = subprocess.run([sys.executable, "-c", CLOSURES, *windows], capture_output=True,
+                              text=True, timeout=600, env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        worst, *ran = proc.stdout.split()
+        return float(worst), ran
+
+    run("3")
+    # the helpers cached, the two kernels each the first function its process
+    # compiles: the same count in both
+    for f in tmp_path.rglob("*forward_cl*"):
+        f.unlink()
+    second, ran3 = run("3")
+    first, ran2 = run("2")
+    assert first < 1e-5 and second < 1e-5
+    assert "_build.<locals>.forward_cl_0_0" in ran2, ran2     # the generic rows
+    assert "_build.<locals>.forward_cl_3_3" in ran3, ran3
+    # (load2: the generic kernel's code loaded before the 3x3 one's, its address
+    # taken after: Numba looks a symbol up by name)
+    for order in (("2", "3"), ("3", "2"), ("load2", "3", "2"), ("load3", "2", "3")):
+        worst, _ = run(*order)
+        assert worst < 1e-5, (order, worst)
 
 
 EDITED = r"""

@@ -71,6 +71,27 @@ def _impl_class():
     return getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl", None)
 
 
+def instance(*key):
+    """Decorator, under ``njit(cache=True)``, for a kernel that a factory builds once
+    per ``key`` (a closure): ``key`` joins the function's ``__qualname__``.
+
+    Numba names a compiled function's symbol after its qualified name, its argument
+    types and a counter of the process that compiled it, not after the values it
+    closes over. Two closures of one factory compiled for the same argument types by
+    two processes, each at the same count, got the same symbol; a third process that
+    loaded both from the cache ran one's code for the other (a CI run, 7 December
+    2026: the generic row kernels' forward of a 2x2 window ran the 3x3 one's,
+    returning garbage). Named apart, each closure also gets index files of its own,
+    so processes compiling different closures no longer rewrite one index.
+    """
+    tag = "_".join(str(k) for k in key)
+
+    def name(fn):
+        fn.__qualname__ = f"{fn.__qualname__}_{tag}"
+        return fn
+    return name
+
+
 def install():
     """Put the tree-stamped locators in front of Numba's; True if they are in place.
 

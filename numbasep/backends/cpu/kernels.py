@@ -38,6 +38,7 @@ from numba import njit
 
 from .halves import value as _val
 from .simd import fma as _fma
+from .cache_key import instance as _instance
 from .tasks import Parallel
 
 # Reductions over a contiguous run may be reassociated so that they vectorise;
@@ -526,6 +527,7 @@ def _build(KH, KW):
     UNROLL = KH > 0
 
     @njit(nogil=True, cache=True)
+    @_instance(KH, KW)
     def forward_cl(job, count, x, w, y, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         N, D, H, W, C = x.shape
         KD, M = w.shape[0], w.shape[4]
@@ -549,6 +551,7 @@ def _build(KH, KW):
             _fwd_cl_sides(x, w, yrow, n, od, oh, 0, 0, sd, sh, sw, rd, rh, rw, pd, ph, pw)
 
     @njit(nogil=True, cache=True)
+    @_instance(KH, KW)
     def forward_cf(job, count, x, w, y, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         N, C, D, H, W = x.shape
         KD, KH_, KW_, _, M = w.shape
@@ -587,6 +590,7 @@ def _build(KH, KW):
                             sd, sh, sw, rd, rh, rw, pd, ph, pw)
 
     @njit(nogil=True, cache=True)
+    @_instance(KH, KW)
     def backprop_input_cl(job, count, dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         N, D, H, W, C = dx.shape
         KD, M = w.shape[0], w.shape[4]
@@ -618,6 +622,7 @@ def _build(KH, KW):
             _bin_cl_sides(dy, w, dxrow, n, id_, ih, 0, 0, sd, sh, sw, rd, rh, rw, pd, ph, pw)
 
     @njit(nogil=True, cache=True)
+    @_instance(KH, KW)
     def backprop_input_cf(job, count, dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         N, C, D, H, W = dx.shape
         KD, KH_, KW_, _, M = w.shape
@@ -666,6 +671,7 @@ def _build(KH, KW):
                                 sd, sh, sw, rd, rh, rw, pd, ph, pw)
 
     @njit(nogil=True, cache=True)
+    @_instance(KH, KW)
     def backprop_filter_cl(p, count, x, dy, parts, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         N, D, H, W, C = x.shape
         P, KD, M = parts.shape[0], parts.shape[1], parts.shape[5]
@@ -696,6 +702,7 @@ def _build(KH, KW):
                              sd, sh, sw, rd, rh, rw, pd, ph, pw)
 
     @njit(nogil=True, cache=True, fastmath=_REDUCE_MATH)
+    @_instance(KH, KW)
     def backprop_filter_cf(job, count, x, dy, parts, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         N, C, D, H, W = x.shape
         P, M = parts.shape[0], parts.shape[5]

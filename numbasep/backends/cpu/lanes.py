@@ -75,6 +75,7 @@ from .simd import sum_groups as _sum_groups
 from .simd import taps_row_pairs as _taps_row_pairs
 from .simd import taps_rows as _taps_rows
 from .simd import taps_window as _taps_window
+from .cache_key import instance as _instance
 from .tasks import Parallel
 
 #: Window shapes with lane kernels.
@@ -948,6 +949,7 @@ def _gather_sides(dst, d0, dyf, wt, n, oh0, k0, k1, W, C, OH, OW, KW, rh, rw, pw
 
 def _build(KH, KW, NT, M):
     @njit(nogil=True, cache=True)
+    @_instance(KH, KW, NT, M)
     def forward(part, parts, x, w, y, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         """As :func:`.kernels` ``forward_cl``, for ``x[N, 1, H, W, C / M]``,
         ``w[1, KH, KW, C, 1]``, ``y[N, 1, OH, OW, C]``, C a multiple of 8: depth
@@ -982,6 +984,7 @@ def _build(KH, KW, NT, M):
             _sfence()
 
     @njit(nogil=True, cache=True)
+    @_instance(KH, KW, NT, M)
     def separable_forward(part, parts, x, w, pk, y, z, sd, sh, sw, rd, rh, rw, pd, ph, pw,
                           vecs):
         """:func:`forward` followed by a pointwise (1x1) convolution, for ``x[N, 1,
@@ -1015,6 +1018,7 @@ def _build(KH, KW, NT, M):
             _sfence()
 
     @njit(nogil=True, cache=True)
+    @_instance(KH, KW, NT, M)
     def backprop_input(part, parts, dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         """As :func:`.kernels` ``backprop_input_cl``, stride 1, for
         ``dy[N, 1, OH, OW, C]``, ``w[1, KH, KW, C, 1]``, ``dx[N, 1, H, W, C / M]``,
@@ -1062,6 +1066,7 @@ def _build(KH, KW, NT, M):
             _sfence()
 
     @njit(nogil=True, cache=True)
+    @_instance(KH, KW, NT, M)
     def backprop_input_strided(part, parts, dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         """As :func:`.kernels` ``backprop_input_cl``, for strides above 1 and
         dilation 1, ``dy[N, 1, OH, OW, C]``, ``w[1, KH, KW, C, 1]``, C a multiple
@@ -1121,6 +1126,7 @@ def _build(KH, KW, NT, M):
     SIDES = ALL != KH
 
     @njit(nogil=True, cache=True)
+    @_instance(KH, KW, NT, M)
     def backprop_filter(p, P, x, dy, parts, sd, sh, sw, rd, rh, rw, pd, ph, pw):
         """As :func:`.kernels` ``backprop_filter_cl``, for ``x[N, 1, H, W, C / M]``,
         ``dy[N, 1, OH, OW, C]``, partial filters ``parts[P, 1, KH, KW, C / M, M]``,

@@ -26,6 +26,8 @@ Numba's ``noalias`` flag nor its numpy error model, the two flags its parallel
 bodies are compiled with, gave it back).
 """
 
+import hashlib
+
 import numba
 import numpy as np
 from llvmlite import ir
@@ -34,6 +36,8 @@ from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.core.imputils import lower_constant
 from numba.extending import intrinsic, models, register_model, typeof_impl
+
+from .cache_key import instance as _instance
 
 
 class TaskType(types.Type):
@@ -130,8 +134,11 @@ def _launcher(sig, per_thread=False):
     if (sig, per_thread) not in _launchers:
         task = _Signature(sig)
 
-        # per_thread: a compile-time constant, as task is (both part of the cache key)
+        # per_thread: a compile-time constant, as task is (both part of the cache key;
+        # the symbol's name too, _instance)
         @njit(parallel=True, nogil=True, cache=True)
+        @_instance("per_thread" if per_thread else "each",
+                   hashlib.sha256(repr(sig).encode()).hexdigest()[:16])
         def launch(address, most, *args):
             count = min(most, np.int64(threads())) if per_thread else most
             for i in prange(count):

@@ -38,6 +38,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
+from .cache_key import instance as _instance
 from .halves import stored as _stored
 from .halves import value as _value
 from .kernels import UNROLLED, _REDUCE_MATH, _u
@@ -314,6 +315,7 @@ def _build(KH, KW, CB, CL):
     TAPS = KH * KW      # a compile-time constant for the register intrinsic
 
     @njit(nogil=True, cache=True)
+    @_instance(KH, KW, CB, CL)
     def correlate(grp, groups, src, w, dst, sh, sw, rh, rw, ph, pw, band, adjoint):
         """The forward (``adjoint`` False, any stride) or the input gradient (True,
         stride 1):
@@ -404,6 +406,7 @@ def _build(KH, KW, CB, CL):
                     _fwd_direct(src[n, c], w, dst[n, c], c, sh, sw, rh, rw, ph, pw)
 
     @njit(nogil=True, cache=True, fastmath=_REDUCE_MATH)
+    @_instance(KH, KW, CB, CL)
     def backprop_filter(grp, groups, x, dy, parts, sh, sw, rh, rw, ph, pw, band):
         """parts[p, kh, kw, c] = the filter gradient of channel c over the images of
         chunk p. Chunks depend on the problem only; each task sums its chunk's images
