@@ -689,8 +689,7 @@ def test_filter_gradient_of_operands_from_memory(monkeypatch, k, stride, size, c
     (:func:`.simd.dots_rows` ``asks``, ``lanes._ASKS_INSIDE``); the others
     (below it, 5x5 windows, 24 channels in 16 lanes) are summed in pieces of
     their pixels or, for rows that want few pieces for their channels, of its
-    channels
-    (``lanes._CHANNEL_PIECES``; 3x3 windows ``lanes._WINDOW_CHANNEL_PIECES``, at
+    channels (``lanes._CHANNEL_PIECES``; 3x3 windows ``lanes._WINDOW_CHANNEL_PIECES``, at
     strides above 1 ``lanes._STRIDED_CHANNEL_PIECES``), and with operands above
     ``lanes._SPLIT_BYTES`` too (``beyond``) each piece of the channels cut into
     pieces of the row's pixels; parts that cross from one image to the next,

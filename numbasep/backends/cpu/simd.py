@@ -349,23 +349,6 @@ class _Lanes:
         """Bytes an element of array argument ``i``."""
         return self.types[i].dtype.bitwidth // 8
 
-    def branches(self, cond, carried, then, other):
-        """``carried = then(carried) if cond else other(carried)``; returns the
-        values."""
-        b = self.builder
-        got = []
-        with b.if_else(cond) as (yes, no):
-            for arm, fn in ((yes, then), (no, other)):
-                with arm:
-                    got.append((fn(carried), b.block))
-        out = []
-        for i, value in enumerate(carried):
-            phi = b.phi(value.type)
-            for vals, block in got:
-                phi.add_incoming(vals[i], block)
-            out.append(phi)
-        return out
-
     def loop(self, n, carried, body):
         """``for k in range(n): carried = body(k, carried)``; returns the final values."""
         b = self.builder
@@ -1226,14 +1209,16 @@ def _dots_rows(width):
                         v.loop(pairs, [], lambda i, _: groups_at(
                             [builder.mul(i, const(2)), builder.add(builder.mul(i, const(2)),
                                                                    const(1))], mode, i, ask))
-                        return []
                     if mode in (1, 2) and width == WIDE:
                         # the pairs again, asking, for rows that ask (at steps
                         # 1 and 2 only: code to compile again): in the blocks'
                         # loop the asks' arithmetic alone cost stride-2 rows a
                         # quarter, a branch per pair 8 % on 14x14 maps
-                        v.branches(any_asks, [], lambda _: pairs_of(asker(pairs)),
-                                   lambda _: pairs_of(None))
+                        with builder.if_else(any_asks) as (asking, quiet):
+                            with asking:
+                                pairs_of(asker(pairs))
+                            with quiet:
+                                pairs_of(None)
                     else:
                         pairs_of(None)
                     first = builder.mul(pairs, const(2))
