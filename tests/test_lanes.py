@@ -353,14 +353,18 @@ def test_multiplier_input_gradients_stream_large_results(monkeypatch):
 
 
 @pytest.mark.skipif(not numbasep.backends.cpu.simd.STREAMS, reason="x86 only")
-@pytest.mark.parametrize("k, multiplier", [((3, 3), 1), ((3, 3), 2)])
-def test_pixels_ending_in_a_group_of_8_stream_in_halves(route, monkeypatch, k, multiplier):
+@pytest.mark.parametrize("k, multiplier, width", [((3, 3), 1, 13), ((3, 3), 2, 13),
+                                                   ((3, 3), 1, 12), ((5, 5), 1, 10)])
+def test_pixels_ending_in_a_group_of_8_stream_in_halves(route, monkeypatch, k, multiplier,
+                                                        width):
     """Results above ``driver._STREAM_BYTES`` (lowered to 0) whose pixels end in a
     group of 8 channels: on Zen 4 (``simd.ZEN``, set here) the forward and the
     stride-1 input gradient store each vector in two halves, non-temporal, into a
     64-byte-aligned result (odd widths: half the rows start mid-line); the
-    strided input gradient, and any unaligned result, stores plainly. The bits
-    are those of the plain kernels, and the values the reference's."""
+    strided input gradient assembles each row in a scratch row and streams it
+    whole where its rows are whole lines (even widths), and stores plainly
+    elsewhere, as does any kernel into an unaligned result. The bits are those
+    of the plain kernels, and the values the reference's."""
     wide = numbasep.backends.cpu.simd.WIDE
     seen = route(True)
     monkeypatch.setattr(driver, "_STREAM_BYTES", 0)
@@ -370,10 +374,11 @@ def test_pixels_ending_in_a_group_of_8_stream_in_halves(route, monkeypatch, k, m
     monkeypatch.setattr(driver, "_launch", lambda kern, *a: (ran.append(kern), real(kern, *a)))
     rng = np.random.default_rng(5)
     channels = wide + 8            # (AVX2: a multiple of the vector, streamed whole)
-    xs = (2, 9, 13, channels)
+    xs = (2, 9, width, channels)
     x = rng.standard_normal(xs).astype(np.float32)
     w = rng.standard_normal(k + (channels, multiplier)).astype(np.float32)
     plain = lanes.kernels(*k, multiplier=multiplier)
+    rows_whole = width * channels % 16 == 0
 
     def streaming(result_channels):
         return lanes.kernels(*k, stream=1 if result_channels % wide == 0 else 2,
@@ -401,7 +406,7 @@ def test_pixels_ending_in_a_group_of_8_stream_in_halves(route, monkeypatch, k, m
             np.testing.assert_array_equal(dx.view(np.uint32), dx_plain.view(np.uint32))
             fwd = (streaming(channels * multiplier) if aligned else plain).forward
             if strides != (1, 1):
-                whole = aligned and channels % wide == 0
+                whole = aligned and (channels % wide == 0 or rows_whole)
                 bin_kernel = (streaming(channels) if whole else plain).backprop_input_strided
             else:
                 bin_kernel = (streaming(channels) if aligned else plain).backprop_input

@@ -499,7 +499,8 @@ _STRIDED_STREAM_SCALE = 2 if simd.ZEN else 1
 # 2.02 / 1.83 and 1.94 / 1.76. The strided input gradient lost
 # (N=32 56x56x72 5x5 stride 2: 4.02 / 4.35; N=16 1.20 / 2.00): its phases write
 # a pixel's channels, and the halves of the lines two pixels share, at
-# different times. On Intel's Emerald Rapids halves lost (limit 8 MB, the two
+# different times; it streams whole rows from a scratch row instead (lanes).
+# On Intel's Emerald Rapids halves lost (limit 8 MB, the two
 # alternating in one process, medians of 9 rounds, plain / halves, ms): N=32
 # 28x28x120 5x5 forward 0.930 / 1.648, input gradient 0.965 / 1.557; N=8
 # 19x19x728 0.402 / 0.658 and 0.402 / 0.655; N=32 1.57 / 2.52.
@@ -512,15 +513,18 @@ def _streaming(plan, name, res_shape, channels):
     ``res_shape`` larger than ``_STREAM_BYTES`` (the strided input gradient:
     ``_STRIDED_STREAM_SCALE`` times that), with whole vectors of
     ``channels`` per pixel (a multiple of ``simd.WIDE``, so that every vector
-    stored starts on a vector boundary), or, for the kernels of ``_HALVES``
-    on Zen 4, a multiple of 8 (each vector stored in halves). It runs when the
+    stored starts on a vector boundary), or, on Zen 4, a multiple of 8: the
+    kernels of ``_HALVES`` store each vector in halves, and the strided input
+    gradient, where its rows are whole 64-byte lines, streams each row from a
+    scratch row it was assembled in (measured on Zen 4 only). It runs when the
     result's array is 64-byte aligned (:func:`_kernel_for`)."""
     limit = _STREAM_BYTES * (_STRIDED_STREAM_SCALE if name == "backprop_input_strided" else 1)
     if not (simd.STREAMS and plan.dtype == _F32 and channels % 8 == 0
             and math.prod(res_shape) * _F32.itemsize > limit):
         return None
     stream = 1 if channels % simd.WIDE == 0 else 2
-    if stream == 2 and not (simd.ZEN and name in _HALVES):
+    staged = name == "backprop_input_strided" and res_shape[3] * channels % 16 == 0
+    if stream == 2 and not (simd.ZEN and (name in _HALVES or staged)):
         return None
     k = plan.kernel
     return getattr(lanes.kernels(k[1], k[2], stream=stream, multiplier=plan.multiplier), name)

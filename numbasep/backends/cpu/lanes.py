@@ -71,6 +71,7 @@ from .simd import dots_window as _dots_window
 from .simd import pointwise_rows as _pointwise_rows
 from .simd import prefetch as _prefetch
 from .simd import sfence as _sfence
+from .simd import stream_copy as _stream_copy
 from .simd import sum_groups as _sum_groups
 from .simd import taps_row_pairs as _taps_row_pairs
 from .simd import taps_rows as _taps_rows
@@ -1065,6 +1066,20 @@ def _build(KH, KW, NT, M):
         if NT:
             _sfence()
 
+    # Streamed in halves (NT 2: pixels ending in a group of 8 channels), a row's
+    # column phases would write the two halves of a line that two pixels share
+    # at different times, which lost to plain stores; the row is assembled in a
+    # scratch row (plain stores, in L1) and streamed whole (the driver takes
+    # this only for rows of whole 64-byte lines). 2 threads, N=32 56x56x72 5x5
+    # stride 2 (29 MB result), plain / staged: `numbasep bench --peers torch`
+    # side by side, 6 runs each, ratio to PyTorch 0.96-1.14 (median 1.06) /
+    # 0.65-0.91 (0.86), numbasep 1.34-4.07 / 1.76-2.77 ms on a noisy VM;
+    # alternating processes, medians of 5 minima 1.97 / 1.77 ms. Staging whole
+    # vectors (NT 1, streamed as computed) lost: 32x56x56x144 3x3 stride 2 1.20
+    # -> 2.88 ms, 32x112x112x96 4.56 -> 7.43.
+    STAGED = NT == 2
+    PNT = 0 if STAGED else NT
+
     @njit(nogil=True, cache=True)
     @_instance(KH, KW, NT, M)
     def backprop_input_strided(part, parts, dy, w, dx, sd, sh, sw, rd, rh, rw, pd, ph, pw):
@@ -1081,7 +1096,14 @@ def _build(KH, KW, NT, M):
         dyf = dy.reshape(N * OD * OH * OW * C)
         dxf = dx.reshape(N * D * H * W * C)
         chunk = _PHASE_CHUNK if W * C > _CHUNKED_ROW else W
+        # (from a 64-byte boundary, so that the copy's loads split no line)
+        stage = np.empty(W * C + 16 if STAGED else 0, dx.dtype)
+        s0 = (-(stage.ctypes.data // dx.itemsize)) % 16 if STAGED else 0
         for job in range(*_part(part, parts, N * D * H)):
+            if STAGED:
+                out, at = stage, s0
+            else:
+                out, at = dxf, job * W * C
             nd, ih = _split(job, H)
             n = nd // D
             kh0 = (ih + ph) % sh
@@ -1101,16 +1123,18 @@ def _build(KH, KW, NT, M):
                 if a >= b:
                     a = b = 0
                 if a < b:
-                    _phase_row(dxf, (job * W + q + a * sw) * C, sw * C, dyf,
+                    _phase_row(out, at + (q + a * sw) * C, sw * C, dyf,
                                (r0 + o0 + a) * C, -OW * C, wt, (wr0 + kw0) * C,
-                               sh * KW * C, sw * C, C, b - a, rows, J, chunk, NT, KH)
+                               sh * KW * C, sw * C, C, b - a, rows, J, chunk, PNT, KH)
                 for i in range(a + count - b):
                     m = _side(i, a, b)
                     ow = o0 + m
                     j0, j1 = _taps_inside(ow, -1, J, OW)
-                    _pixel(dxf, (job * W + q + m * sw) * C, dyf, (r0 + ow - j0) * C, -OW * C,
+                    _pixel(out, at + (q + m * sw) * C, dyf, (r0 + ow - j0) * C, -OW * C,
                            -C, wt, (wr0 + kw0 + j0 * sw) * C, sh * KW * C, sw * C, C, rows,
-                           j1 - j0, NT)
+                           j1 - j0, PNT)
+            if STAGED:
+                _stream_copy(dxf, job * W * C, stage, s0, W * C)
         if NT:
             _sfence()
 
