@@ -354,7 +354,7 @@ def test_multiplier_input_gradients_stream_large_results(monkeypatch):
 
 @pytest.mark.skipif(not numbasep.backends.cpu.simd.STREAMS, reason="x86 only")
 @pytest.mark.parametrize("k, multiplier, width", [((3, 3), 1, 13), ((3, 3), 2, 13),
-                                                   ((3, 3), 1, 12), ((5, 5), 1, 10)])
+                                                   ((3, 3), 1, 12)])
 def test_pixels_ending_in_a_group_of_8_stream_in_halves(route, monkeypatch, k, multiplier,
                                                         width):
     """Results above ``driver._STREAM_BYTES`` (lowered to 0) whose pixels end in a
