@@ -357,10 +357,12 @@ def test_multiplier_input_gradients_stream_large_results(monkeypatch):
                                                    ((3, 3), 1, 12)])
 def test_pixels_ending_in_a_group_of_8_stream_in_halves(route, monkeypatch, k, multiplier,
                                                         width):
-    """Results above ``driver._STREAM_BYTES`` (lowered to 0) whose pixels end in a
-    group of 8 channels: on Zen 4 (``simd.ZEN``, set here) the forward and the
-    stride-1 input gradient store each vector in two halves, non-temporal, into a
-    64-byte-aligned result (odd widths: half the rows start mid-line); the
+    """Results above ``driver._STREAM_BYTES`` and ``driver._HALVES_BYTES``
+    (lowered to 0) whose pixels end in a group of 8 channels: on Zen 4
+    (``simd.ZEN``, set here) the forward and the stride-1 input gradient store
+    each vector in two halves, non-temporal, into a 64-byte-aligned result (odd
+    widths: half the rows start mid-line), and plainly below
+    ``_HALVES_BYTES``; the
     strided input gradient assembles each row in a scratch row and streams it
     whole where its rows are whole lines (even widths), and stores plainly
     elsewhere, as does any kernel into an unaligned result. The bits are those
@@ -368,6 +370,7 @@ def test_pixels_ending_in_a_group_of_8_stream_in_halves(route, monkeypatch, k, m
     wide = numbasep.backends.cpu.simd.WIDE
     seen = route(True)
     monkeypatch.setattr(driver, "_STREAM_BYTES", 0)
+    monkeypatch.setattr(driver, "_HALVES_BYTES", 0)
     monkeypatch.setattr(driver.simd, "ZEN", True)
     ran = []
     real = driver._launch
@@ -395,7 +398,8 @@ def test_pixels_ending_in_a_group_of_8_stream_in_halves(route, monkeypatch, k, m
         dx_ref = R.raw_backprop_input(list(xs), args64[1], args64[2], **attrs)
         np.testing.assert_allclose(y_plain, y_ref, rtol=1e-5, atol=1e-4)
         np.testing.assert_allclose(dx_plain, dx_ref, rtol=1e-5, atol=1e-4)
-        for aligned in (True, False):
+        for aligned, halves in ((True, True), (False, True), (True, False)):
+            monkeypatch.setattr(driver, "_HALVES_BYTES", 0 if halves else 1 << 62)
             ran.clear()
             y, dx = _result(y_plain.shape, aligned, 8), _result(xs, aligned, 8)
             y[...] = np.nan
@@ -404,12 +408,18 @@ def test_pixels_ending_in_a_group_of_8_stream_in_halves(route, monkeypatch, k, m
             BI(list(xs), w, dy, **attrs, out=dx)
             np.testing.assert_array_equal(y.view(np.uint32), y_plain.view(np.uint32))
             np.testing.assert_array_equal(dx.view(np.uint32), dx_plain.view(np.uint32))
-            fwd = (streaming(channels * multiplier) if aligned else plain).forward
+
+            def stores(result_channels):
+                """The kernels writing a result of that many channels."""
+                if aligned and (halves or result_channels % wide == 0):
+                    return streaming(result_channels)
+                return plain
+            fwd = stores(channels * multiplier).forward
             if strides != (1, 1):
                 whole = aligned and (channels % wide == 0 or rows_whole)
                 bin_kernel = (streaming(channels) if whole else plain).backprop_input_strided
             else:
-                bin_kernel = (streaming(channels) if aligned else plain).backprop_input
+                bin_kernel = stores(channels).backprop_input
             assert ran == [fwd, bin_kernel]
     assert all(seen)
 

@@ -505,6 +505,15 @@ _STRIDED_STREAM_SCALE = 2 if simd.ZEN else 1
 # 28x28x120 5x5 forward 0.930 / 1.648, input gradient 0.965 / 1.557; N=8
 # 19x19x728 0.402 / 0.658 and 0.402 / 0.655; N=32 1.57 / 2.52.
 _HALVES = {"forward", "backprop_input"}
+# ... and only for results above this: in halves, a pixel's stores are not two
+# rows at a time (lanes' ``_PAIR_ROWS``), and a result this small stays in the L3
+# with its operand under plain stores. Zen 4, 2 threads, NHWC, alternating
+# processes each with its own cache, medians of 4 minima, halves from 8 MB /
+# from 16 MB (ms): 19x19x728 forward N=8 (8.4 MB) 0.347 / 0.258, input
+# gradient 0.351 / 0.261, N=10 (10.5 MB) 0.441 / 0.385; N=12 (12.6 MB) 0.540 /
+# 0.568, N=32 28x28x120 5x5 (12 MB) forward 1.05 / 1.18, input gradient 1.07 /
+# 1.19; N=24 28x28x120 5x5 (9 MB) 0.773 / 0.679.
+_HALVES_BYTES = 10 << 20
 
 
 def _streaming(plan, name, res_shape, channels):
@@ -514,17 +523,19 @@ def _streaming(plan, name, res_shape, channels):
     ``_STRIDED_STREAM_SCALE`` times that), with whole vectors of
     ``channels`` per pixel (a multiple of ``simd.WIDE``, so that every vector
     stored starts on a vector boundary), or, on Zen 4, a multiple of 8: the
-    kernels of ``_HALVES`` store each vector in halves, and the strided input
-    gradient, where its rows are whole 64-byte lines, streams each row from a
-    scratch row it was assembled in (measured on Zen 4 only). It runs when the
-    result's array is 64-byte aligned (:func:`_kernel_for`)."""
+    kernels of ``_HALVES`` store each vector in halves (results above
+    ``_HALVES_BYTES`` too), and the strided input gradient, where its rows are
+    whole 64-byte lines, streams each row from a scratch row it was assembled
+    in (measured on Zen 4 only). It runs when the result's array is 64-byte
+    aligned (:func:`_kernel_for`)."""
     limit = _STREAM_BYTES * (_STRIDED_STREAM_SCALE if name == "backprop_input_strided" else 1)
     if not (simd.STREAMS and plan.dtype == _F32 and channels % 8 == 0
             and math.prod(res_shape) * _F32.itemsize > limit):
         return None
     stream = 1 if channels % simd.WIDE == 0 else 2
     staged = name == "backprop_input_strided" and res_shape[3] * channels % 16 == 0
-    if stream == 2 and not (simd.ZEN and (name in _HALVES or staged)):
+    halves = name in _HALVES and math.prod(res_shape) * _F32.itemsize > _HALVES_BYTES
+    if stream == 2 and not (simd.ZEN and (halves or staged)):
         return None
     k = plan.kernel
     return getattr(lanes.kernels(k[1], k[2], stream=stream, multiplier=plan.multiplier), name)
