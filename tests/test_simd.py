@@ -608,13 +608,14 @@ def _dots_want(acc, x, g, a0, arow, astep, s0, sstep, rowstep, colstep, g0, gste
 # a pair, then a last 8); pixel steps of 1 and 2 column steps share input loads.
 # Edges: the map's column -1 and its last column + 1 are real data in x, which
 # the sums must leave out. Lines: 1, or 3 rows of pixels whose x and g lie 60 and 7
-# pixels further on each, summed in the same registers. Asks: lines of all of x
+# pixels further on each, summed in the same registers. Rows of 7 pixels at a
+# pixel step of one take a block of 7 (16 lanes, quiet). Asks: lines of all of x
 # and g asked for across the blocks (where the blocks of pairs of groups take
 # them: a loop of their own), which must leave the sums as they are.
 @pytest.mark.parametrize("asks", [False, True], ids=["quiet", "asking"])
 @pytest.mark.parametrize("channels", [8, 40])
 @pytest.mark.parametrize("step", [1, 2, 3], ids=["shared", "stride2", "other"])
-@pytest.mark.parametrize("n", [1, 6])
+@pytest.mark.parametrize("n", [1, 6, 7])
 @pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("edges", [False, True], ids=["inside", "edges"])
 @pytest.mark.parametrize("lines", [1, 3])

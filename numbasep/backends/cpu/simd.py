@@ -1063,6 +1063,18 @@ def _taps_window(width):
 # N=8 112x112x32 0.67-0.82 / 0.55-0.64, 112x112x96 stride 2 1.15-1.20 /
 # 0.92-1.10. 5x5 windows (50 sums) would spill.
 _PAIRED_SUMS = 18
+# Rows of exactly SEVEN_BLOCK pixels (7x7 maps) at column steps of one, with
+# windows 3 columns wide, take one block of 7 pixels, its edge pixels masked,
+# one channel group at a time: in blocks of BLOCK pixels, pairs of groups, such
+# a row took a block of 4, then 3 pixels alone (the 2 on the map's edges
+# masked), each loading its 3 taps' inputs, where a block shares them. The same
+# products in the same order, so the same bits. Zen 4, 2 threads, NHWC, the
+# two in one process (two copies of the package), alternating, medians of 80
+# rounds, this / before: 7x7x960 N=32 0.855, N=8 0.875, N=1 0.857; 14x14x384
+# N=8, 28x28x192 N=8, 56x56x144 N=1, 112x112x32 N=4 1.00-1.01 (untouched: the
+# forward's control 1.00-1.06). Rows of 14 pixels as two blocks of 7 lost
+# (14x14x384 N=8 0.80 of its time kept by pairs, 14x14x576 N=8 0.80, N=1 0.85).
+_DOTS_SEVEN = True
 
 
 def _dots_rows(width):
@@ -1157,7 +1169,7 @@ def _dots_rows(width):
                         v.ask(arg, a, builder.select(builder.icmp_signed("<", b, hi_), b, hi_))
                 return ask
 
-            def groups_at(gis, mode, unit, ask):
+            def groups_at(gis, mode, unit, ask, seven=False):
                 goffs = [builder.mul(gi, const(width)) for gi in gis]
                 aoffs = [builder.add(builder.add(a0v, goff), builder.mul(const(t), astepv))
                          for goff in goffs for t in range(ROWS * KW)]
@@ -1197,10 +1209,25 @@ def _dots_rows(width):
                             builder.add(hi, j), 1, None, s, True))
                     return sums
 
-                sums = v.loop(linesv, sums, line)
+                def whole(o, sums):
+                    # a row of SEVEN_BLOCK pixels: one block, its edge pixels masked
+                    out = []
+                    for i, (xg, gg) in enumerate(at):
+                        out += pixels(builder.add(xg, builder.mul(o, xlinev)),
+                                      builder.add(gg, builder.mul(o, glinev)), const(0),
+                                      SEVEN_BLOCK, mode, sums[i * taps:(i + 1) * taps], EDGES)
+                    return out
+
+                sums = v.loop(linesv, sums, whole if seven else line)
                 for a_, s in zip(aoffs, sums):
                     v.store(s, 0, a_)
                 return []
+
+            def sevens():
+                """Rows of SEVEN_BLOCK pixels at column steps of one: a block each,
+                one channel group at a time (a pair's 18 sums and 14 gradient
+                vectors would fill the 32 registers)."""
+                v.loop(gv, [], lambda i, _: groups_at([i], 1, None, None, True))
 
             def every(mode, pair):
                 if pair:
@@ -1230,7 +1257,17 @@ def _dots_rows(width):
             pair = 2 * ROWS * KW <= _PAIRED_SUMS
             with builder.if_else(builder.icmp_signed("==", sstepv, colv)) as (hit, miss):
                 with hit:
-                    every(1, pair)
+                    if _DOTS_SEVEN and KW == 3 and width == WIDE == 16:
+                        # (rows that ask keep their loops: the requests ride on them)
+                        wanted = builder.and_(builder.icmp_signed("==", nv, const(SEVEN_BLOCK)),
+                                              builder.not_(any_asks))
+                        with builder.if_else(wanted) as (seven, other):
+                            with seven:
+                                sevens()
+                            with other:
+                                every(1, pair)
+                    else:
+                        every(1, pair)
                 with miss:
                     two = builder.icmp_signed("==", sstepv, builder.mul(colv, const(2)))
                     with builder.if_else(two) as (hit2, miss2):
@@ -1422,8 +1459,10 @@ dots_rows = _by_channels(*CHANNEL_ARGS["dots_rows"], """For each channel c < cha
     groups at a time where they fit, ``_PAIRED_SUMS``), each output-gradient
     vector loaded once for all taps and, where the pixel step is one or two
     column steps, each input vector once for all the taps of a block of
-    ``BLOCK`` pixels that read it. Fused multiply-adds in (line, pixel) order
-    per tap and lane. 16-bit operands may be bit patterns (:func:`.halves.value`).
+    ``BLOCK`` pixels that read it (with 16 lanes, rows of 7 pixels at column
+    steps of one and windows 3 columns wide: one block of 7, a group at a time,
+    its edge pixels masked; ``_DOTS_SEVEN``). Fused multiply-adds in (line,
+    pixel) order per tap and lane. 16-bit operands may be bit patterns (:func:`.halves.value`).
     ``repeat``: as in :func:`taps_rows`, for x.
 
     ``edges``: None, or (lo, hi, c0, cpix, ctap, clim, cstride): the sum leaves
