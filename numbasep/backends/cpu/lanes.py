@@ -1097,8 +1097,9 @@ def _build(KH, KW, NT, M):
         dxf = dx.reshape(N * D * H * W * C)
         chunk = _PHASE_CHUNK if W * C > _CHUNKED_ROW else W
         # (from a 64-byte boundary, so that the copy's loads split no line)
-        stage = np.empty(W * C + 16 if STAGED else 0, dx.dtype)
-        s0 = (-(stage.ctypes.data // dx.itemsize)) % 16 if STAGED else 0
+        per_line = 64 // dx.itemsize
+        stage = np.empty(W * C + per_line if STAGED else 0, dx.dtype)
+        s0 = (-(stage.ctypes.data // dx.itemsize)) % per_line if STAGED else 0
         for job in range(*_part(part, parts, N * D * H)):
             if STAGED:
                 out, at = stage, s0

@@ -1189,6 +1189,9 @@ def _dots_rows(width):
                                           masked)
                         return out
 
+                    if seven:
+                        # a row of SEVEN_BLOCK pixels: one block, its edge pixels masked
+                        return each(const(0), SEVEN_BLOCK, mode, sums, EDGES)
                     if EDGES:
                         # the pixels before the interior, one at a time, masked
                         sums = v.loop(lo, sums, lambda j, s: each(j, 1, None, s, True))
@@ -1209,16 +1212,7 @@ def _dots_rows(width):
                             builder.add(hi, j), 1, None, s, True))
                     return sums
 
-                def whole(o, sums):
-                    # a row of SEVEN_BLOCK pixels: one block, its edge pixels masked
-                    out = []
-                    for i, (xg, gg) in enumerate(at):
-                        out += pixels(builder.add(xg, builder.mul(o, xlinev)),
-                                      builder.add(gg, builder.mul(o, glinev)), const(0),
-                                      SEVEN_BLOCK, mode, sums[i * taps:(i + 1) * taps], EDGES)
-                    return out
-
-                sums = v.loop(linesv, sums, whole if seven else line)
+                sums = v.loop(linesv, sums, line)
                 for a_, s in zip(aoffs, sums):
                     v.store(s, 0, a_)
                 return []
