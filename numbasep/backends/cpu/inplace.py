@@ -19,6 +19,15 @@ the plane crosses memory once each way, and the plane kernels' copies into and
 out of a padded scratch are gone. It beats them on every window and the tiles
 on maps from memory (the driver's ``_in_place_correlation`` has the figures).
 
+On 5x5 and 7x7 windows of dilation 1 in rows, with rows of three vectors or more,
+the forward and input gradient take their output rows in blocks instead
+(:func:`rows`, :func:`.simd.plane_rows`): a block's sums stay in registers down
+its rows, one vector of columns at a time, and each input row's vector, loaded
+once per column tap, serves every output row of the block that reads it. The
+terms and their order are those of :func:`correlate`, so are the bits. 3x3
+windows keep :func:`correlate`: their few taps leave too little to share
+(the driver's ``_row_blocks`` has the figures).
+
 The filter gradient here spares the plane kernels' padded copies and the tile
 kernels' transposes. A tap's vector of input pixels starts anywhere in a line,
 so each multiply-add takes an unaligned load of its own: the tiles (aligned
@@ -44,8 +53,9 @@ process (ms; Intel Emerald Rapids): forward 112x112x32 N=1 0.169 / 0.134, N=4
 import numpy as np
 from numba import njit
 
+from .cache_key import instance as _instance
 from .kernels import _REDUCE_MATH
-from .simd import DOT_SLOTS, plane_dots, plane_lanes, plane_taps
+from .simd import DOT_SLOTS, plane_dots, plane_lanes, plane_rows, plane_taps
 from .tasks import Parallel
 
 # Most tasks a filter gradient is split into: enough for the machines this runs
@@ -189,6 +199,74 @@ def correlate(grp, groups, x, w, y, bits, toffs, v0, v1):
         else:
             plane_taps(yf, pl * OH * OW, xf, src * H * W, wv, 0, 1, toffs, bits, KT, taps, KW,
                        nvec, v0, v1)
+
+
+# The windows :func:`rows` builds kernels for (each window a compilation of its own).
+ROW_WINDOWS = frozenset({(5, 5), (7, 7)})
+
+
+def row_masks(W, KW, rw, ph, pw, itemsize, adjoint=False):
+    """(cmasks, coffs, P) for :func:`.simd.plane_rows` on rows ``W`` long (input
+    and output) of ``itemsize``-byte sums, a window ``KW`` wide of column
+    dilation ``rw``, paddings ``ph`` (rows) and ``pw``: ``coffs[kw]``, tap column kw's input
+    offset; ``cmasks``, per vector j of a row, bit l for its pixel j*L + l:
+    ``cmasks[j*(KW + 2) + kw]``, the pixels that exist and read tap column kw
+    inside the row, ``[... + KW]``, those that exist, ``[... + KW + 1]``, those
+    with a tap column inside. ``adjoint``: the stride-1 input gradient's
+    geometry (:func:`adjoint_masks`), its taps reading backwards. P: the row
+    offset :func:`.simd.plane_rows` takes, ``ph`` (the adjoint's input rows
+    are ``oh + ph - kh``: -ph)."""
+    lanes = plane_lanes.py_func(itemsize)
+    nvec = -(-W // lanes)
+    c = np.arange(nvec * lanes)
+    dw = (np.arange(KW) * rw - pw) * (-1 if adjoint else 1)
+    real = c < W
+    inside = real[None, :] & (c[None, :] + dw[:, None] >= 0) & (c[None, :] + dw[:, None] < W)
+    on = np.concatenate([inside, real[None, :], inside.any(axis=0)[None, :]])
+    on = on.reshape(KW + 2, nvec, lanes).transpose(1, 0, 2).reshape(-1, lanes)
+    packed = np.packbits(on, axis=1, bitorder="little")
+    bits = packed.view("<u2")[:, 0] if lanes == 16 else packed[:, 0].astype(np.uint16)
+    return bits.astype(np.uint16), dw.astype(np.int64), -ph if adjoint else ph
+
+
+def _build_rows(KH, KW, DOWN):
+    @njit(nogil=True, cache=True)
+    @_instance(KH, KW, DOWN)
+    def correlate_rows(grp, groups, x, w, y, cmasks, coffs, P):
+        """:func:`correlate` of a KH x KW window of dilation 1 in rows (``DOWN``:
+        the input gradient's geometry, multiplier 1), through
+        :func:`.simd.plane_rows` and the masks of :func:`row_masks`."""
+        N, C, H, W = x.shape
+        CY, OH = y.shape[1], y.shape[2]
+        CW = w.shape[2]
+        xf = x.reshape(N * C * H * W)
+        yf = y.reshape(N * CY * OH * W)
+        wf = w.reshape(KH * KW * CW)
+        M = CW // C
+        wv = np.empty(KH * KW, w.dtype)
+        NP = N * CY
+        for pl in range(grp * NP // groups, (grp + 1) * NP // groups):
+            n, k = pl // CY, pl % CY
+            for t in range(KH * KW):
+                wv[t] = wf[t * CW + k]
+            plane_rows(yf, pl * OH * W, xf, (n * C + k // M) * H * W, wv, 0, coffs, cmasks,
+                       H, OH, W, P, KH, KW, DOWN)
+
+    return Parallel(correlate_rows, lambda x, w, y, *args: y.shape[0] * y.shape[1], 5,
+                    per_thread=True)
+
+
+_row_kernels = {}
+
+
+def rows(KH, KW, adjoint=False):
+    """The :func:`correlate` of a window of :data:`ROW_WINDOWS` that takes output
+    rows in blocks (:func:`.simd.plane_rows`; ``adjoint``: the input gradient's),
+    for planes of dilation 1 in rows: args ``(x, w, y, *row_masks(...))``."""
+    key = (KH, KW, int(adjoint))
+    if key not in _row_kernels:
+        _row_kernels[key] = _build_rows(*key)
+    return _row_kernels[key]
 
 
 def repeated(bits, toffs, KW, M, plane):
