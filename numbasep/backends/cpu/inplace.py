@@ -85,15 +85,20 @@ def masks(H, W, OH, OW, KH, KW, rh, rw, ph, pw, itemsize):
     row = (ih >= 0) & (ih < H)                             # (KH, pixels)
     inside = (row[:, None, :] & column[None, :, :]).reshape(KH * KW, -1)
     on = np.concatenate([real[None, :], inside, column, inside.any(axis=0)[None, :]])
-    # bit j of each vector's mask for lane j (packed bits, little-endian lanes)
-    packed = np.packbits(on.reshape(-1, lanes), axis=1, bitorder="little")
-    bits = packed.view("<u2")[:, 0] if lanes == 16 else packed[:, 0].astype(np.uint16)
+    bits = _lane_bits(on, lanes)
     toffs = (dh[:, None] * W + dw[None, :]).reshape(-1).astype(np.int64)
     # vectors whose every lane exists and reads inside the plane at every tap
     lo, hi = -min(0, int(toffs.min())), H * W - max(0, int(toffs.max()))
     v0 = min(nvec, -(-lo // lanes))
     v1 = max(v0, min(OH * OW, hi) // lanes)
-    return bits.astype(np.uint16), toffs, v0, v1
+    return bits, toffs, v0, v1
+
+
+def _lane_bits(on, lanes):
+    """Per vector of ``lanes`` consecutive booleans of ``on`` (any shape, read in
+    order), its mask: bit j for lane j, as uint16."""
+    packed = np.packbits(on.reshape(-1, lanes), axis=1, bitorder="little")
+    return (packed.view("<u2")[:, 0] if lanes == 16 else packed[:, 0]).astype(np.uint16)
 
 
 # Most channels per job: a job sums each image's run of its planes (contiguous in
@@ -208,8 +213,8 @@ ROW_WINDOWS = frozenset({(5, 5), (7, 7)})
 def row_masks(W, KW, rw, ph, pw, itemsize, adjoint=False):
     """(cmasks, coffs, P) for :func:`.simd.plane_rows` on rows ``W`` long (input
     and output) of ``itemsize``-byte sums, a window ``KW`` wide of column
-    dilation ``rw``, paddings ``ph`` (rows) and ``pw``: ``coffs[kw]``, tap column kw's input
-    offset; ``cmasks``, per vector j of a row, bit l for its pixel j*L + l:
+    dilation ``rw``, paddings ``ph`` (rows) and ``pw``: ``coffs[kw]``, tap column
+    kw's input offset; ``cmasks``, per vector j of a row, bit l for its pixel j*L + l:
     ``cmasks[j*(KW + 2) + kw]``, the pixels that exist and read tap column kw
     inside the row, ``[... + KW]``, those that exist, ``[... + KW + 1]``, those
     with a tap column inside. ``adjoint``: the stride-1 input gradient's
@@ -223,10 +228,8 @@ def row_masks(W, KW, rw, ph, pw, itemsize, adjoint=False):
     real = c < W
     inside = real[None, :] & (c[None, :] + dw[:, None] >= 0) & (c[None, :] + dw[:, None] < W)
     on = np.concatenate([inside, real[None, :], inside.any(axis=0)[None, :]])
-    on = on.reshape(KW + 2, nvec, lanes).transpose(1, 0, 2).reshape(-1, lanes)
-    packed = np.packbits(on, axis=1, bitorder="little")
-    bits = packed.view("<u2")[:, 0] if lanes == 16 else packed[:, 0].astype(np.uint16)
-    return bits.astype(np.uint16), dw.astype(np.int64), -ph if adjoint else ph
+    bits = _lane_bits(on.reshape(KW + 2, nvec, lanes).transpose(1, 0, 2), lanes)
+    return bits, dw.astype(np.int64), -ph if adjoint else ph
 
 
 def _build_rows(KH, KW, DOWN):
