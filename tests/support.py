@@ -132,6 +132,28 @@ def assert_three_ops_match_the_reference(xs, fs, attrs, dtype):
         np.testing.assert_allclose(got, want, rtol=0, atol=tol * scale * max(fs[0] * fs[1], 1))
 
 
+def written_in_place(shape, dtype, write):
+    """``write(y)`` into a NaN-filled ``y`` of ``shape`` inside a larger buffer;
+    asserts the 32 elements either side untouched and returns ``y``."""
+    size = int(np.prod(shape))
+    buf = np.full(size + 64, np.nan, dtype)
+    y = buf[32:32 + size].reshape(shape)
+    write(y)
+    assert np.isnan(buf[:32]).all() and np.isnan(buf[32 + size:]).all()
+    return y
+
+
+def correlation_reference(x, w, adjoint, attrs):
+    """The float64 reference of an in-place correlation of NCHW ``x`` with taps
+    ``w[KH, KW, C]`` (multiplier 1): the forward, or (``adjoint``) the input
+    gradient with ``x`` as the output gradient."""
+    import reference as R
+    w64 = w.astype(np.float64)[..., None]
+    if adjoint:
+        return R.raw_backprop_input(list(x.shape), w64, x.astype(np.float64), **attrs)
+    return R.raw_forward(x.astype(np.float64), w64, **attrs)
+
+
 def draw_padding(draw, h, w, kh, kw, sh, sw, rh, rw):
     """Draw a raw-op padding (SAME, VALID or EXPLICIT with pads 0-4) for an NCHW
     problem and return its attributes; SAME where the drawn one leaves no output."""
