@@ -51,11 +51,13 @@ def _both(patch, call):
 @st.composite
 def row_problems(draw):
     """An NCHW stride-1 problem the row blocks take: a 5x5 or 7x7 window, rows
-    of 3 to 5 vectors of 16 float32 lanes filled at least to 85 %, SAME or
-    explicit pads whose columns add up to the window's reach."""
+    of 3 to 5 vectors of float32 lanes (16 with AVX-512, 8 with AVX2) filled at
+    least to 85 %, SAME or explicit pads whose columns add up to the window's
+    reach."""
     k = draw(st.sampled_from([5, 7]))
     vectors = draw(st.integers(3, 5))
-    w = draw(st.integers(-(-85 * vectors * 16 // 100), vectors * 16))
+    lanes = simd.plane_lanes.py_func(4)
+    w = draw(st.integers(-(-85 * vectors * lanes // 100), vectors * lanes))
     h = draw(st.integers(1, 34))
     rw = draw(st.integers(1, 2))
     reach = (k - 1) * rw
@@ -177,11 +179,12 @@ def test_row_masks_say_which_columns_each_tap_reads():
                                    (16, 7, 1, 6, False)):
         bits, coffs, P = inplace.row_masks(W, KW, rw, 2, pw, 4, adjoint)
         assert P == (-2 if adjoint else 2)
-        nvec = -(-W // 16)
+        lanes = simd.plane_lanes.py_func(4)
+        nvec = -(-W // lanes)
         assert bits.shape == (nvec * (KW + 2),)
         for j in range(nvec):
-            for lane in range(16):
-                c = j * 16 + lane
+            for lane in range(lanes):
+                c = j * lanes + lane
                 cols = [c + (pw - kw * rw if adjoint else kw * rw - pw) for kw in range(KW)]
                 inside = [c < W and 0 <= i < W for i in cols]
                 want = inside + [c < W, any(inside)]
@@ -201,9 +204,10 @@ def test_which_problems_take_row_blocks(monkeypatch):
     monkeypatch.setattr(driver, "_row_blocks",
                         lambda *a: (taken.append(real(*a)), taken[-1])[1])
     lanes = simd.plane_lanes.py_func(4)
+    fill = -(-85 * 3 * lanes // 100)        # the narrowest row of 3 vectors taken
     for shape, k, rh, m, want in (((1, 2, 9, 3 * lanes), 5, 1, 1, True),
-                                  ((1, 2, 9, 41), 7, 1, 1, True),
-                                  ((1, 2, 9, 40), 7, 1, 1, False),      # 40 / 48 < 85 %
+                                  ((1, 2, 9, fill), 7, 1, 1, True),
+                                  ((1, 2, 9, fill - 1), 7, 1, 1, False),    # < 85 %
                                   ((1, 2, 9, 2 * lanes), 5, 1, 1, False),   # two vectors
                                   ((1, 2, 9, 48), 3, 1, 1, False),
                                   ((1, 2, 9, 48), 5, 2, 1, False),      # row dilation
