@@ -474,7 +474,15 @@ class _Launch:
 # more on some smaller results (8x28x28x192, 5 MB: 0.281 -> 0.235; 8x14x14x576,
 # 4 MB, 2 MB limit: 0.201 -> 0.171) and lost on others (32x7x7x960, 6 MB: 0.327
 # -> 0.340).
-_STREAM_BYTES = (8 if simd.ZEN or simd.HOST == "emeraldrapids" else 32) << 20
+#
+# AMD Zen 3 (a 2-core KVM guest, AVX2, 32 MB L3) lost with non-temporal stores at
+# every size measured, so it never streams there. 2 threads, NHWC float32, the
+# public API, streaming / plain, medians of 9 alternating rounds in one process
+# (ms): N=1 147x147x128 forward 4.48 / 3.68, input gradient 4.40 / 3.87; N=8
+# 56x56x144 forward 5.70 / 4.50; N=32 56x56x144 forward 20.6 / 17.6, 112x112x32
+# input gradient 15.6 / 10.6; N=4 147x147x128 forward 9.99 / 9.76.
+_STREAM_BYTES = (1 << 62 if simd.HOST == "znver3"
+                 else (8 if simd.ZEN or simd.HOST == "emeraldrapids" else 32) << 20)
 # The strided input gradient (lane kernels' phases) on Zen streams results from
 # twice that: below, plain stores into lines the L3 kept from the call before
 # were faster. 2 threads, medians of 8 alternating processes, plain /
