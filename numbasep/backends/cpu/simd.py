@@ -572,18 +572,6 @@ BLOCK = 4
 SEVEN_BLOCK = 7
 SEVEN_TAPS = 5
 
-# Channel groups that each block of pixels of :func:`taps_rows` takes, one after
-# the other, before the next block (``together``), rather than one group across
-# the whole row: a block then reads its pixels' channels in order, which the
-# hardware prefetchers follow. 2 threads, one group / 8 at a time (ms): N=32
-# 112x112x32 forward 2.8-2.9 / 2.1-2.2, 28x28x192 forward 1.09-1.20 / 0.82-0.83,
-# input gradient 1.07-1.10 / 0.81-0.99, 7x7x960 forward 0.34-0.35 / 0.28,
-# 56x56x144 stride-2 input gradient 2.32-2.49 / 1.70-1.79; N=1 147x147x128
-# forward 0.65 / 0.45-0.46. All the groups of a block was slower on 28x28x240
-# 5x5 (N=32, 8 / all: 1.45 / 1.72-1.82), whose window rows then leave L1.
-GROUPS = 8
-
-
 # How a block's taps map to input columns, by the pixel step over the column
 # step m: pixel p's tap j reads column m*p + j (m = 1: the forward at stride and
 # dilation 1; m = -1: the input gradient's gather, whose column step is
@@ -618,6 +606,28 @@ def _wide_lanes():
 
 
 WIDE = _wide_lanes()
+
+# Channel groups that each block of pixels of :func:`taps_rows` takes, one after
+# the other, before the next block (``together``), rather than one group across
+# the whole row: a block then reads its pixels' channels in order, which the
+# hardware prefetchers follow. 2 threads, one group / 8 at a time (ms): N=32
+# 112x112x32 forward 2.8-2.9 / 2.1-2.2, 28x28x192 forward 1.09-1.20 / 0.82-0.83,
+# input gradient 1.07-1.10 / 0.81-0.99, 7x7x960 forward 0.34-0.35 / 0.28,
+# 56x56x144 stride-2 input gradient 2.32-2.49 / 1.70-1.79; N=1 147x147x128
+# forward 0.65 / 0.45-0.46. All the groups of a block was slower on 28x28x240
+# 5x5 (N=32, 8 / all: 1.45 / 1.72-1.82), whose window rows then leave L1.
+# Those were 16-lane groups (AVX-512): 128 channels, 512 bytes of each pixel.
+# With AVX2's 8 lanes the count is doubled, the same 128 channels: 8 groups
+# read half of each pixel, and the row was passed over twice. AMD Zen 3, 2
+# threads, alternating processes (each with its own cache), 25 rounds, median
+# of the per-round ratios 16 / 8 groups and its quartiles: N=1 147x147x128
+# forward 0.83 (0.73-0.97), input gradient 0.78 (0.60-0.91); N=8 56x56x144
+# 0.85 (0.80-0.95), 0.92 (0.79-0.99); 19x19x728 input gradient 0.82
+# (0.56-1.02); 28x28x240 5x5 forward 0.85 (0.75-1.04); 14x14x672 5x5 input
+# gradient 0.89 (0.69-1.14); 14x14x384 7x7 forward 0.89 (0.74-1.01); even:
+# 112x112x32 (4 groups either way) 1.00 (0.74-1.23), 28x28x192 (24 groups)
+# 0.99, 7x7x960 (rows of 7 pixels) 1.04 (0.91-1.17).
+GROUPS = 128 // WIDE
 
 #: Whether ``taps_rows`` takes blocks of ``SEVEN_BLOCK`` pixels: 32 vector registers.
 SEVENS = WIDE == 16
