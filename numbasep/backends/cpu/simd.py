@@ -1981,8 +1981,16 @@ def plane_taps(typingctx, y, y0, x, x0, w, w0, wstep, toffs, masks, ntaps, group
 
 
 # Output rows whose sums :func:`plane_rows` holds in registers at once: each input
-# row it loads serves up to a window's height of them.
-PLANE_ROWS = 14
+# row it loads serves up to a window's height of them. 14 for AVX-512's 32
+# registers; with AVX2's 16 they spilled, and blocks of 4 rows were faster
+# (AMD Zen 3, 2 threads, NCHW, alternating processes each with its own cache, 9
+# rounds, median per-round ratio 4 / 14 rows and its quartiles: 56x56x96 7x7
+# forward N=8 0.80 (0.72-0.94), N=1 0.92 (0.70-0.96), input gradient N=8 0.88
+# (0.86-0.96), N=1 0.87 (0.78-1.00); 8x56x56x72 5x5 forward 0.66 (0.42-0.75);
+# 8x28x28x240 5x5 even, 0.97 forward, 0.96 input gradient; 7 rows in between).
+# Another 9 rounds, 14 / 4 rows: 56x56x96 7x7 forward N=32 1.71 (1.48-1.74), N=8
+# 1.40, input gradient N=32 1.22 (1.21-1.32); 32x28x28x240 5x5 forward 1.09.
+PLANE_ROWS = 14 if WIDE == 16 else 4
 
 
 @intrinsic
