@@ -1073,6 +1073,18 @@ def _taps_window(width):
 # N=8 112x112x32 0.67-0.82 / 0.55-0.64, 112x112x96 stride 2 1.15-1.20 /
 # 0.92-1.10. 5x5 windows (50 sums) would spill.
 _PAIRED_SUMS = 18
+# The same bound for whole windows at column steps of two and for windows taken
+# one row at a time. With AVX2's 16 registers a pair of 3x3 windows at steps of
+# two (18 sums) and of 7-tap window rows (14) spilled, and one group at a time
+# was faster; at steps of one whole 3x3 windows kept their pairs (AMD Zen 3,
+# filter gradient, 2 threads, alternating processes, median per-round ratio of
+# 11-15 rounds, one group / pairs, three runs: 8x56x56x144 stride 2 0.75, 0.76,
+# 0.81; 8x112x112x96 stride 2 0.83; 8x56x56x96 7x7 0.81, 0.85, 0.77; 8x14x14x384
+# 7x7 0.89, 0.86; 32x56x56x144 stride 2 0.89, 1.02; whole 3x3 windows at steps
+# of one mixed, from memory slower: N=32 112x112x32 1.08, 1.26, 28x28x192 1.13,
+# 1.14). 5-tap rows (10 sums) keep their pairs (28x28x240 5x5, one group:
+# 1.47). Rows of one group whose sums fit the bound still ask ahead.
+_FEW_PAIRED_SUMS = 18 if WIDE == 16 else 10
 # Rows of exactly SEVEN_BLOCK pixels (7x7 maps) at column steps of one, with
 # windows 3 columns wide, take one block of 7 pixels, its edge pixels masked,
 # one channel group at a time: in blocks of BLOCK pixels, pairs of groups, such
@@ -1084,6 +1096,8 @@ _PAIRED_SUMS = 18
 # N=8, 28x28x192 N=8, 56x56x144 N=1, 112x112x32 N=4 1.00-1.01 (untouched: the
 # forward's control 1.00-1.06). Rows of 14 pixels as two blocks of 7 lost
 # (14x14x384 N=8 0.80 of its time kept by pairs, 14x14x576 N=8 0.80, N=1 0.85).
+# With AVX2's 8 lanes too (AMD Zen 3, 2 threads, alternating processes, median
+# per-round ratio, this / pairs: 7x7x960 N=8 0.75, 0.86, N=32 0.62, N=1 0.75).
 _DOTS_SEVEN = True
 
 
@@ -1230,38 +1244,45 @@ def _dots_rows(width):
             def sevens():
                 """Rows of SEVEN_BLOCK pixels at column steps of one: a block each,
                 one channel group at a time (a pair's 18 sums and 14 gradient
-                vectors would fill the 32 registers)."""
+                vectors would fill AVX-512's 32 registers)."""
                 v.loop(gv, [], lambda i, _: groups_at([i], 1, None, None, True))
 
-            def every(mode, pair):
-                if pair:
-                    pairs = builder.sdiv(gv, const(2))
-                    def pairs_of(ask):
-                        v.loop(pairs, [], lambda i, _: groups_at(
-                            [builder.mul(i, const(2)), builder.add(builder.mul(i, const(2)),
-                                                                   const(1))], mode, i, ask))
-                    if mode in (1, 2) and width == WIDE:
-                        # the pairs again, asking, for rows that ask (at steps
-                        # 1 and 2 only: code to compile again): in the blocks'
-                        # loop the asks' arithmetic alone cost stride-2 rows a
-                        # quarter, a branch per pair 8 % on 14x14 maps
-                        with builder.if_else(any_asks) as (asking, quiet):
-                            with asking:
-                                pairs_of(asker(pairs))
-                            with quiet:
-                                pairs_of(None)
-                    else:
-                        pairs_of(None)
-                    first = builder.mul(pairs, const(2))
-                else:
-                    first = const(0)
-                v.loop(builder.sub(gv, first), [], lambda i, _: groups_at(
-                    [builder.add(first, i)], mode, None, None))
+            def units_of(mode, pair, ask):
+                """The row's channel groups in units of a pair of groups (``pair``)
+                or one alone, each unit across the row; ``ask``: ``asker``."""
+                units = builder.sdiv(gv, const(2)) if pair else gv
+                ask = None if ask is None else ask(units)
 
-            pair = 2 * ROWS * KW <= _PAIRED_SUMS
+                def at(i):
+                    if not pair:
+                        return [i]
+                    return [builder.mul(i, const(2)),
+                            builder.add(builder.mul(i, const(2)), const(1))]
+                v.loop(units, [], lambda i, _: groups_at(at(i), mode, i, ask))
+                if pair:
+                    first = builder.mul(units, const(2))
+                    v.loop(builder.sub(gv, first), [], lambda i, _: groups_at(
+                        [builder.add(first, i)], mode, None, None))
+
+            def every(mode):
+                bound = _PAIRED_SUMS if mode == 1 and ROWS > 1 else _FEW_PAIRED_SUMS
+                pair = mode is not None and 2 * ROWS * KW <= bound
+                if mode in (1, 2) and width == WIDE and ROWS * KW <= bound:
+                    # the units again, asking, for rows that ask (at steps 1
+                    # and 2 only: code to compile again): in the blocks' loop
+                    # the asks' arithmetic alone cost stride-2 rows a quarter,
+                    # a branch per pair 8 % on 14x14 maps
+                    with builder.if_else(any_asks) as (asking, quiet):
+                        with asking:
+                            units_of(mode, pair, asker)
+                        with quiet:
+                            units_of(mode, pair, None)
+                else:
+                    units_of(mode, pair, None)
+
             with builder.if_else(builder.icmp_signed("==", sstepv, colv)) as (hit, miss):
                 with hit:
-                    if _DOTS_SEVEN and KW == 3 and width == WIDE == 16:
+                    if _DOTS_SEVEN and KW == 3 and width == WIDE:
                         # (rows that ask keep their loops: the requests ride on them)
                         wanted = builder.and_(builder.icmp_signed("==", nv, const(SEVEN_BLOCK)),
                                               builder.not_(any_asks))
@@ -1269,16 +1290,16 @@ def _dots_rows(width):
                             with seven:
                                 sevens()
                             with other:
-                                every(1, pair)
+                                every(1)
                     else:
-                        every(1, pair)
+                        every(1)
                 with miss:
                     two = builder.icmp_signed("==", sstepv, builder.mul(colv, const(2)))
                     with builder.if_else(two) as (hit2, miss2):
                         with hit2:
-                            every(2, pair)
+                            every(2)
                         with miss2:
-                            every(None, False)
+                            every(None)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -1463,9 +1484,9 @@ dots_rows = _by_channels(*CHANNEL_ARGS["dots_rows"], """For each channel c < cha
     groups at a time where they fit, ``_PAIRED_SUMS``), each output-gradient
     vector loaded once for all taps and, where the pixel step is one or two
     column steps, each input vector once for all the taps of a block of
-    ``BLOCK`` pixels that read it (with 16 lanes, rows of 7 pixels at column
-    steps of one and windows 3 columns wide: one block of 7, a group at a time,
-    its edge pixels masked; ``_DOTS_SEVEN``). Fused multiply-adds in (line,
+    ``BLOCK`` pixels that read it (rows of 7 pixels at column steps of one
+    and windows 3 columns wide: one block of 7, a group at a time, its edge
+    pixels masked; ``_DOTS_SEVEN``). Fused multiply-adds in (line,
     pixel) order per tap and lane. 16-bit operands may be bit patterns (:func:`.halves.value`).
     ``repeat``: as in :func:`taps_rows`, for x.
 
